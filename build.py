@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""tensorgrad's one entry point.
+
+    python build.py test                 install what the tests need, run every test
+    python build.py serve [--port N]     build the wheel and the offline web bundle, serve it
+    python build.py demo NAME            train a demo in headless Chromium, print its progress
+    python build.py wheel                build dist/tensorgrad-*.whl
+    python build.py web                  assemble dist/web/
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import ClassVar
+
+ROOT = Path(__file__).resolve().parent
+DIST = ROOT / "dist"
+
+
+def run(cmd: list[str], **kwargs) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    subprocess.run(cmd, check=True, **kwargs)
+
+
+def install_test_deps() -> None:
+    """Python packages, npm packages and Chromium (apt, when root and missing)."""
+    run([sys.executable, "-m", "pip", "install", "-q", "-e", ".[test]"], cwd=ROOT)
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    install_test_deps()
+    return subprocess.call([sys.executable, "-m", "pytest", *args.pytest_args], cwd=ROOT)
+
+
+# ---------------------------------------------------------------------------------------------
+# Browser bundle: the wheel, dist/web/ (Pyodide core + micropip + tensorgrad), a dev server.
+
+PYODIDE_VERSION = "314.0.8"  # must equal package.json / package-lock.json
+PYODIDE_CORE = ("pyodide.mjs", "pyodide.mjs.map", "pyodide.asm.mjs", "pyodide.asm.wasm",
+                "python_stdlib.zip")
+# Pyodide lock entries served from PyPI's files (the lock's own files live on a CDN).
+PYPI_WHEELS = {"micropip": "0.11.1", "packaging": "26.1"}
+WEB = DIST / "web"
+CACHE = DIST / ".cache"
+CHROMIUM = Path("/usr/lib/chromium/chromium")
+MIME_TYPES = {
+    ".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
+    ".json": "application/json", ".map": "application/json", ".whl": "application/zip",
+    ".zip": "application/zip", ".html": "text/html", ".css": "text/css",
+    ".py": "text/plain; charset=utf-8", ".txt": "text/plain; charset=utf-8",
+    ".safetensors": "application/octet-stream",
+}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _node_modules_fresh() -> bool:
+    """True when every package in package-lock.json is installed at its locked version."""
+    lock = json.loads((ROOT / "package-lock.json").read_text())
+    for key, entry in lock.get("packages", {}).items():
+        if not key.startswith("node_modules/"):
+            continue
+        installed = ROOT / key / "package.json"
+        if not installed.exists() or json.loads(installed.read_text()).get("version") != entry.get(
+                "version"):
+            return False
+    return True
+
+
+def ensure_node_modules() -> None:
+    """`npm ci` when node_modules is missing or differs from package-lock.json."""
+    if _node_modules_fresh():
+        return
+    if not shutil.which("npm"):
+        raise SystemExit("npm is needed to fetch the Pyodide core (apt-get install -y npm)")
+    run(["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=ROOT)
+
+
+def ensure_chromium() -> None:
+    """Chromium for the browser tests and demos: apt when root and missing."""
+    if CHROMIUM.exists():
+        return
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        run(["apt-get", "update", "-q"])
+        run(["apt-get", "install", "-y", "-q", "chromium"])
+        if CHROMIUM.exists():
+            return
+    raise SystemExit(f"Chromium is missing at {CHROMIUM}: run `apt-get install -y chromium` as root"
+                     " (Playwright's own browser download is not used)")
+
+
+def install_browser_deps() -> None:
+    """npm packages (the Pyodide core) and Chromium; a fast no-op when both are present."""
+    ensure_node_modules()
+    ensure_chromium()
+
+
+def build_wheel() -> Path:
+    """Write the pure-Python wheel dist/tensorgrad-<ver>-py3-none-any.whl (zipfile, offline)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    name, version = project["name"], project["version"]
+    dist_info = f"{name}-{version}.dist-info"
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
+            f"Summary: {project.get('description', '')}",
+            f"Requires-Python: {project.get('requires-python', '>=3.11')}"]
+    meta += [f"Requires-Dist: {dep}" for dep in project.get("dependencies", [])]
+    for extra, deps in project.get("optional-dependencies", {}).items():
+        meta.append(f"Provides-Extra: {extra}")
+        meta += [f'Requires-Dist: {dep}; extra == "{extra}"' for dep in deps]
+    files: dict[str, bytes] = {}
+    for path in sorted((ROOT / name).rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            files[path.relative_to(ROOT).as_posix()] = path.read_bytes()
+    files[f"{dist_info}/METADATA"] = ("\n".join(meta) + "\n").encode()
+    files[f"{dist_info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: tensorgrad build.py\n"
+                                   b"Root-Is-Purelib: true\nTag: py3-none-any\n")
+    files[f"{dist_info}/top_level.txt"] = f"{name}\n".encode()
+    record = []
+    for arc, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{arc},sha256={digest},{len(data)}")
+    record.append(f"{dist_info}/RECORD,,")
+    files[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
+
+    DIST.mkdir(exist_ok=True)
+    out = DIST / f"{name}-{version}-py3-none-any.whl"
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for arc, data in files.items():
+            info = zipfile.ZipInfo(arc, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, data)
+    os.replace(tmp, out)
+    return out
+
+
+def _pypi_wheel(name: str, version: str) -> Path:
+    """PyPI's py3-none-any wheel of `name==version`, downloaded once into dist/.cache/pypi."""
+    cache = CACHE / "pypi"
+    found = sorted(cache.glob(f"{name}-{version}-py3-none-any.whl"))
+    if not found:
+        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "--python-version", "3.14", "-d", str(cache), f"{name}=={version}"])
+        found = sorted(cache.glob(f"{name}-{version}-py3-none-any.whl"))
+    if not found:
+        raise SystemExit(f"pip download {name}=={version} gave no py3-none-any wheel")
+    return found[0]
+
+
+def build_web() -> Path:
+    """Assemble dist/web/: Pyodide core, micropip + packaging, the tensorgrad wheel, web/ files,
+    demos/, manifest.json. Built beside and swapped in, so a running server never sees half."""
+    ensure_node_modules()
+    wheel = build_wheel()
+    tmp = DIST / f".web.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    core = tmp / "pyodide"
+    core.mkdir(parents=True)
+    npm_core = ROOT / "node_modules" / "pyodide"
+    for fname in PYODIDE_CORE:
+        shutil.copy2(npm_core / fname, core / fname)
+    lock = json.loads((npm_core / "pyodide-lock.json").read_text())
+    for name, version in PYPI_WHEELS.items():
+        entry = lock["packages"][name]
+        if entry["version"] != version:
+            raise SystemExit(f"pyodide-lock.json has {name} {entry['version']}, want {version}")
+        src = _pypi_wheel(name, version)
+        shutil.copy2(src, core / src.name)
+        entry["file_name"], entry["sha256"] = src.name, _sha256(src)
+    (core / "pyodide-lock.json").write_text(json.dumps(lock))
+    shutil.copy2(wheel, tmp / wheel.name)
+    if (ROOT / "web").is_dir():
+        shutil.copytree(ROOT / "web", tmp, dirs_exist_ok=True)
+    demos = sorted(p.name for p in (ROOT / "demos").iterdir() if p.is_dir()) \
+        if (ROOT / "demos").is_dir() else []
+    if (ROOT / "demos").is_dir():
+        shutil.copytree(ROOT / "demos", tmp / "demos",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    manifest = {"version": wheel.name.split("-")[1], "pyodide": PYODIDE_VERSION,
+                "indexURL": "pyodide/", "wheel": wheel.name, "demos": demos}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    if not (tmp / "index.html").exists():
+        links = "\n".join(f'<li><a href="demos/{d}/">{d}</a></li>' for d in demos)
+        (tmp / "index.html").write_text(
+            "<!doctype html><meta charset=utf-8><title>tensorgrad</title>\n"
+            f"<h1>tensorgrad {manifest['version']}</h1>\n<ul>\n{links}\n</ul>\n")
+    old = DIST / f".web-old.{os.getpid()}"
+    if WEB.exists():
+        os.replace(WEB, old)
+    os.replace(tmp, WEB)
+    shutil.rmtree(old, ignore_errors=True)
+    return WEB
+
+
+class _WebHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files with the MIME types the browser needs, never cached (wheels keep names)."""
+
+    extensions_map: ClassVar[dict[str, str]] = {
+        **http.server.SimpleHTTPRequestHandler.extensions_map, **MIME_TYPES}
+    quiet: ClassVar[bool] = False
+
+    def end_headers(self) -> None:
+        self.send_header("Cache-Control", "no-cache")
+        super().end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        if not self.quiet:
+            super().log_message(format, *args)
+
+
+def serve_web(port: int = 0, directory: Path = WEB, quiet: bool = False
+              ) -> http.server.ThreadingHTTPServer:
+    """A server for `directory` on 127.0.0.1:`port` (0: a free port), serving in a thread."""
+    handler = type("Handler", (_WebHandler,), {"quiet": quiet})
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", port), functools.partial(handler, directory=str(directory)))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="tensorgrad-web", daemon=True).start()
+    return server
+
+
+def server_url(server: http.server.ThreadingHTTPServer) -> str:
+    host, port = server.server_address[:2]
+    return f"http://{host}:{port}/"
+
+
+CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def cmd_wheel(args: argparse.Namespace) -> int:
+    print(build_wheel())
+    return 0
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    print(build_web())
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    build_web()
+    server = serve_web(args.port)
+    print(f"serving {WEB} at {server_url(server)}  (Ctrl-C stops)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Open demos/NAME/ in headless Chromium and print its console until it reports done.
+
+    A demo page reports the end by setting `window.tgDemo = {done: true, ok: bool, error?}`;
+    everything it logs to the console is printed here as it comes."""
+    from playwright.sync_api import sync_playwright
+
+    install_browser_deps()
+    if not (ROOT / "demos" / args.name).is_dir():
+        known = ", ".join(sorted(p.name for p in (ROOT / "demos").iterdir() if p.is_dir()))
+        raise SystemExit(f"no demo '{args.name}' in demos/ (known: {known or 'none'})")
+    build_web()
+    server = serve_web(quiet=True)
+    url = f"{server_url(server)}demos/{args.name}/"
+    print(f"demo {args.name}: {url}", flush=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.on("console", lambda m: print(f"[{m.type}] {m.text}", flush=True))
+        page.on("pageerror", lambda e: print(f"[pageerror] {e}", flush=True))
+        page.goto(url)
+        page.wait_for_function("window.tgDemo && window.tgDemo.done", timeout=args.timeout * 1000)
+        state = page.evaluate("window.tgDemo")
+        browser.close()
+    server.shutdown()
+    if not state.get("ok"):
+        print(f"demo {args.name} failed: {state.get('error')}", flush=True)
+        return 1
+    print(f"demo {args.name}: done", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="build.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("test", help="install test dependencies and run every test")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_test)
+    p = sub.add_parser("serve", help="build the wheel and dist/web/, serve it on 127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("demo", help="train a demo in headless Chromium, print its progress")
+    p.add_argument("name")
+    p.add_argument("--timeout", type=float, default=900, help="seconds")
+    p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("wheel", help="build dist/tensorgrad-*.whl")
+    p.set_defaults(func=cmd_wheel)
+    p = sub.add_parser("web", help="assemble dist/web/")
+    p.set_defaults(func=cmd_web)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Small helpers the op emitters share: types, literals, bindings, index math, kernel shells.
+
+Conventions: bind group 0, inputs first (`in0`, `in1`, ... read-only), output last (`out`,
+read_write). `bool` is stored as u32. All shapes are baked into the text as literals.
+"""
+
+from __future__ import annotations
+
+import math
+from math import prod
+from typing import Sequence
+
+from ..ir import Node
+from .kernel import MAX_GROUPS_X, EmitContext, Kernel
+
+WG = 256
+
+_TYPES = {"f32": "f32", "i32": "i32", "bool": "u32"}
+
+
+def wgsl_type(dtype: str) -> str:
+    return _TYPES[dtype]
+
+
+def lit(value: float | int | bool, dtype: str = "f32") -> str:
+    """A WGSL literal of `dtype`. Non-finite floats become +-1e30."""
+    if dtype == "f32":
+        v = float(value)
+        if not math.isfinite(v):
+            v = 1e30 if (v > 0 or math.isnan(v)) else -1e30
+        text = repr(v)
+        if "e" not in text and "." not in text:
+            text += ".0"
+        return f"{text}f" if not text.startswith("-") else f"({text}f)"
+    if dtype == "i32":
+        return f"{int(value)}i" if int(value) >= 0 else f"({int(value)}i)"
+    return "1u" if value else "0u"
+
+
+def u(n: int) -> str:
+    return f"{int(n)}u"
+
+
+def strides(shape: Sequence[int]) -> list[int]:
+    out = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        out[k] = out[k + 1] * shape[k + 1]
+    return out
+
+
+def broadcast_index(out_shape: Sequence[int], in_shape: Sequence[int], var: str = "i") -> str:
+    """WGSL expression: the flat index into `in_shape` read by output flat index `var` under
+    right-aligned broadcasting (size-1 and missing axes contribute nothing)."""
+    if tuple(in_shape) == tuple(out_shape):
+        return var
+    if prod(in_shape) == 1:
+        return "0u"
+    out_st = strides(out_shape)
+    in_st = strides(in_shape)
+    offset = len(out_shape) - len(in_shape)
+    terms = []
+    for k, dim in enumerate(in_shape):
+        if dim == 1:
+            continue
+        ok = k + offset
+        coord = f"(({var} / {u(out_st[ok])}) % {u(out_shape[ok])})" if ok > 0 else \
+            f"({var} / {u(out_st[ok])})"
+        terms.append(f"{coord} * {u(in_st[k])}")
+    return " + ".join(terms) if terms else "0u"
+
+
+def bindings(inputs: Sequence[Node], out: Node) -> str:
+    lines = [f"@group(0) @binding({k}) var<storage, read> in{k}: array<{wgsl_type(n.dtype)}>;"
+             for k, n in enumerate(inputs)]
+    lines.append(f"@group(0) @binding({len(inputs)}) var<storage, read_write> out: "
+                 f"array<{wgsl_type(out.dtype)}>;")
+    return "\n".join(lines)
+
+
+def thread_kernel(ctx: EmitContext, body: str, threads: int | None = None,
+                  prelude: str = "") -> Kernel:
+    """One invocation per index `i` in [0, threads) (default: one per output element)."""
+    n = ctx.node.size if threads is None else threads
+    wgsl = f"""{bindings(ctx.inputs, ctx.node)}
+{prelude}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+  let i = gid.x + gid.y * {u(MAX_GROUPS_X * WG)};
+  if (i >= {u(n)}) {{ return; }}
+{body}
+}}
+"""
+    return Kernel(wgsl, n)
+
+
+def workgroup_kernel(ctx: EmitContext, body: str, groups: int, prelude: str = "") -> Kernel:
+    """One workgroup of WG invocations per index `g` in [0, groups); `lid` is the local
+    index. The early return is uniform across the workgroup, so barriers are allowed."""
+    wgsl = f"""{bindings(ctx.inputs, ctx.node)}
+{prelude}
+@compute @workgroup_size({WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+  let g = wid.x + wid.y * {u(MAX_GROUPS_X)};
+  if (g >= {u(groups)}) {{ return; }}
+{body}
+}}
+"""
+    return Kernel(wgsl, groups * WG)
+
+
+def elementwise(ctx: EmitContext, expr: str, prelude: str = "") -> Kernel:
+    """out[i] = expr, where `expr` may use a0, a1, ... (each input read with broadcasting)."""
+    loads = "\n".join(
+        f"  let a{k} = in{k}[{broadcast_index(ctx.node.shape, n.shape)}];"
+        for k, n in enumerate(ctx.inputs))
+    return thread_kernel(ctx, f"{loads}\n  out[i] = {expr};", prelude=prelude)
+
+
+def decompose(var: str, dims: Sequence[int], weights: Sequence[int]) -> str:
+    """WGSL expression sum_k coord_k * weights[k], where coords are `var` decomposed
+    row-major over `dims` (dims of size 1 contribute nothing)."""
+    st = strides(dims)
+    terms = []
+    for k, (d, w) in enumerate(zip(dims, weights)):
+        if d == 1 or w == 0:
+            continue
+        coord = f"({var} / {u(st[k])})" if k == 0 else f"(({var} / {u(st[k])}) % {u(d)})"
+        if st[k] == 1 and k > 0:
+            coord = f"({var} % {u(d)})"
+        terms.append(coord if w == 1 else f"{coord} * {u(w)}")
+    return " + ".join(terms) if terms else "0u"
+
+
+# Variant choice for reductions: one workgroup per output when there are few outputs and
+# long rows, else one thread per output with a serial loop.
+WORKGROUP_REDUCE_MAX_OUTPUTS = 32_768
+WORKGROUP_REDUCE_MIN_LENGTH = 256
+
+
+def reduce_kernel(ctx: EmitContext, outputs: int, length: int, index: str,
+                  finalize: str = "acc", prelude: str = "") -> Kernel:
+    """out[o] = finalize(sum over r in [0, length) of in0[index]), where `index` is a WGSL
+    expression in `o` (output index) and `r` (reduction index); `finalize` uses `acc`."""
+    if outputs < WORKGROUP_REDUCE_MAX_OUTPUTS and length >= WORKGROUP_REDUCE_MIN_LENGTH:
+        body = f"""  let o = g;
+  var part = 0.0f;
+  for (var r = lid; r < {u(length)}; r = r + {u(WG)}) {{ part = part + in0[{index}]; }}
+  scratch[lid] = part;
+  workgroupBarrier();
+  for (var s = {u(WG // 2)}; s > 0u; s = s >> 1u) {{
+    if (lid < s) {{ scratch[lid] = scratch[lid] + scratch[lid + s]; }}
+    workgroupBarrier();
+  }}
+  if (lid == 0u) {{ let acc = scratch[0]; out[o] = {finalize}; }}"""
+        return workgroup_kernel(ctx, body, outputs,
+                                prelude=f"var<workgroup> scratch: array<f32, {WG}>;\n{prelude}")
+    body = f"""  let o = i;
+  var acc = 0.0f;
+  for (var r = 0u; r < {u(length)}; r = r + 1u) {{ acc = acc + in0[{index}]; }}
+  out[o] = {finalize};"""
+    return thread_kernel(ctx, body, outputs, prelude=prelude)

@@ -1,0 +1,107 @@
+"""The small GPU interface every adapter implements (native wgpu-py, browser navigator.gpu).
+
+The runtime talks only to this interface. Nothing here names wgpu, Pyodide or JS types:
+handles are opaque objects owned by the adapter.
+
+A step is one call to :meth:`GPUDevice.execute` on a :class:`Program` built once at compile
+time, so a browser adapter can encode the whole step with a constant number of FFI calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+BufferHandle = Any
+KernelHandle = Any
+ProgramHandle = Any
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """The device limits the planner and code generator respect."""
+
+    max_storage_buffer_binding_size: int = 134_217_728
+    max_buffer_size: int = 268_435_456
+    max_storage_buffers_per_shader_stage: int = 8
+    max_compute_workgroups_per_dimension: int = 65_535
+    max_compute_invocations_per_workgroup: int = 256
+    max_compute_workgroup_storage_size: int = 16_384
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One compute pass: `kernel` bound to `buffers` (binding i = buffers[i], group 0)."""
+
+    kernel: KernelHandle
+    buffers: tuple[BufferHandle, ...]
+    workgroups: tuple[int, int, int]
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A buffer-to-buffer copy of `size` bytes, encoded in order with the dispatches."""
+
+    src: BufferHandle
+    dst: BufferHandle
+    size: int
+    src_offset: int = 0
+    dst_offset: int = 0
+
+
+class ShaderCompileError(RuntimeError):
+    """A kernel's WGSL failed validation. The message names the kernel (the op) and shows
+    the WGSL with line numbers and the shader compiler's messages."""
+
+    def __init__(self, label: str, wgsl: str, messages: Sequence[str]):
+        numbered = "\n".join(f"{i + 1:4d} | {line}" for i, line in enumerate(wgsl.splitlines()))
+        text = "\n".join(messages) if messages else "(no messages from the compiler)"
+        super().__init__(f"WGSL for kernel '{label}' failed to compile:\n{text}\n{numbered}")
+        self.label = label
+        self.wgsl = wgsl
+        self.messages = list(messages)
+
+
+class GPUDevice(Protocol):
+    """One WebGPU device. All buffers have usage STORAGE | COPY_SRC | COPY_DST."""
+
+    limits: DeviceLimits
+    description: str  # adapter vendor / architecture, for logs and benchmarks
+
+    def create_buffer(self, size: int, label: str = "") -> BufferHandle:
+        """A zero-initialised storage buffer of `size` bytes (a multiple of 4)."""
+        ...
+
+    def write_buffer(self, buffer: BufferHandle, data: Any, offset: int = 0) -> None:
+        """Copy host bytes (any buffer-protocol object) into `buffer` at `offset`."""
+        ...
+
+    def destroy_buffer(self, buffer: BufferHandle) -> None: ...
+
+    def create_kernel(self, wgsl: str, label: str) -> KernelHandle:
+        """Compile `wgsl` (entry point `main`, bind group 0, layout 'auto') into a compute
+        pipeline. Raises :class:`ShaderCompileError` on any validation failure."""
+        ...
+
+    def create_program(self, steps: Sequence[Dispatch | Copy], chunk_size: int) -> ProgramHandle:
+        """Prepare an ordered list of dispatches and copies (bind groups made here, once).
+
+        `chunk_size` is the most compute passes per queue submission (0: one submission)."""
+        ...
+
+    async def execute(
+        self,
+        program: ProgramHandle,
+        writes: Sequence[tuple[BufferHandle, Any]],
+        reads: Sequence[tuple[BufferHandle, int]],
+    ) -> list[memoryview]:
+        """Run one step: write host data, run the program's chunks with bounded work in
+        flight, then read back `(buffer, nbytes)` pairs. Returns the bytes of each read."""
+        ...
+
+    async def read_buffers(self, reads: Sequence[tuple[BufferHandle, int]]) -> list[memoryview]:
+        """Read `(buffer, nbytes)` pairs back to the host (one submission, one map each)."""
+        ...
+
+    def destroy(self) -> None: ...

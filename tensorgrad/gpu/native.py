@@ -1,0 +1,581 @@
+"""The native GPU adapter: the :class:`~tensorgrad.gpu.interface.GPUDevice` protocol on the
+wgpu-py API, from either the ``wgpu`` package (wgpu-native) or ``wgpudawn`` (Dawn).
+
+Which package: the ``backend`` argument, else the ``TENSORGRAD_WGPU`` environment variable,
+else ``wgpu`` (falling back to ``wgpudawn`` when ``wgpu`` is not installed).
+
+Which Vulkan driver (Linux): whatever the user chose with ``VK_ICD_FILENAMES``,
+``VK_DRIVER_FILES`` or ``VK_ADD_DRIVER_FILES`` is left alone. Otherwise the loader's default
+search is used when it can find a driver manifest (lavapipe, NVIDIA, ...); when it cannot, a
+known manifest outside the search path (NVIDIA's under /usr/local/nvidia, then SwiftShader's
+shipped with Debian's chromium) is put in ``VK_ICD_FILENAMES``. Dawn rejects lavapipe, so
+for ``wgpudawn`` SwiftShader is added with ``VK_ADD_DRIVER_FILES`` (real GPUs stay visible).
+:func:`use_vulkan_driver` picks a driver explicitly. All of this must happen before the
+first adapter request of the process: the Vulkan loader reads the variables once.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from .interface import Copy, DeviceLimits, Dispatch, ShaderCompileError
+
+__all__ = [
+    "NativeDevice", "NativeKernel", "NativeProgram", "configure_vulkan_driver",
+    "request_native_device", "use_vulkan_driver", "vulkan_driver_manifests",
+]
+
+MAX_BUFFER_BYTES = 2_147_483_644  # largest multiple of 4 below 2**31
+_DRIVER_VARS = ("VK_ICD_FILENAMES", "VK_DRIVER_FILES", "VK_ADD_DRIVER_FILES")
+_SWIFTSHADER_ICDS = (
+    "/usr/lib/chromium/vk_swiftshader_icd.json",
+    "/usr/lib/chromium-browser/vk_swiftshader_icd.json",
+    "/opt/google/chrome/vk_swiftshader_icd.json",
+)
+_EXTRA_GPU_ICDS = ("/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json",)
+_LAVAPIPE_ICD_GLOB = "lvp_icd*.json"
+# Adapter preference: a real GPU before a CPU rasteriser; Vulkan/Metal/D3D12 before OpenGL.
+_TYPE_RANK = {"discretegpu": 0, "integratedgpu": 1, "virtualgpu": 2, "unknown": 3, "cpu": 4}
+_BACKEND_RANK = {"vulkan": 0, "metal": 0, "d3d12": 0, "opengl": 2, "opengles": 2}
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def _icd_search_dirs() -> list[str]:
+    """The folders the Vulkan loader searches for driver manifests (Linux)."""
+    home = os.path.expanduser("~")
+    config = os.environ.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":")
+    data = os.environ.get("XDG_DATA_DIRS", "/usr/local/share:/usr/share").split(":")
+    roots = [os.environ.get("XDG_CONFIG_HOME", f"{home}/.config"), *config, "/usr/local/etc",
+             "/etc", os.environ.get("XDG_DATA_HOME", f"{home}/.local/share"), *data,
+             "/usr/local/share", "/usr/share"]
+    seen: list[str] = []
+    for root in roots:
+        path = os.path.join(root, "vulkan", "icd.d")
+        if root and path not in seen:
+            seen.append(path)
+    return seen
+
+
+def vulkan_driver_manifests() -> list[str]:
+    """Vulkan driver manifests (ICD json files) the loader finds without any variable set."""
+    found: list[str] = []
+    for folder in _icd_search_dirs():
+        found.extend(sorted(glob.glob(os.path.join(folder, "*.json"))))
+    return found
+
+
+def _first_existing(paths: Sequence[str]) -> str | None:
+    return next((p for p in paths if os.path.isfile(p)), None)
+
+
+def _user_driver_choice() -> dict[str, str]:
+    return {v: os.environ[v] for v in _DRIVER_VARS if os.environ.get(v)}
+
+
+def use_vulkan_driver(name: str) -> str | None:
+    """Point the Vulkan loader at one driver: ``"swiftshader"``, ``"lavapipe"`` or a manifest
+    path, unless the user already set a driver variable. Returns the manifest used, or None
+    when nothing was changed. Call it before the process's first adapter request."""
+    if _user_driver_choice() or sys.platform != "linux":
+        return None
+    if name == "swiftshader":
+        path = _first_existing(_SWIFTSHADER_ICDS)
+    elif name == "lavapipe":
+        path = next((m for m in vulkan_driver_manifests()
+                     if fnmatch.fnmatch(os.path.basename(m), _LAVAPIPE_ICD_GLOB)), None)
+    else:
+        path = name if os.path.isfile(name) else None
+    if path is None:
+        return None
+    os.environ["VK_ICD_FILENAMES"] = path
+    return path
+
+
+def configure_vulkan_driver(backend: str) -> str:
+    """Make sure the Vulkan loader will find a driver that `backend` accepts (see the module
+    docstring). Returns a short note of what was decided, for error messages."""
+    if sys.platform != "linux":
+        return "not Linux: platform default"
+    user = _user_driver_choice()
+    if user:
+        return "user's choice: " + ", ".join(f"{k}={v}" for k, v in user.items())
+    manifests = vulkan_driver_manifests()
+    swiftshader = _first_existing(_SWIFTSHADER_ICDS)
+    if backend == "wgpudawn" and swiftshader:
+        # Dawn refuses lavapipe; SwiftShader is its CPU fallback. Added, not replacing.
+        os.environ["VK_ADD_DRIVER_FILES"] = swiftshader
+        return f"VK_ADD_DRIVER_FILES={swiftshader} (Dawn rejects lavapipe); found {manifests}"
+    if manifests:
+        return f"loader default; found {manifests}"
+    fallback = _first_existing(_EXTRA_GPU_ICDS) or swiftshader
+    if fallback:
+        os.environ["VK_ICD_FILENAMES"] = fallback
+        return f"no manifest in the loader's search path; VK_ICD_FILENAMES={fallback}"
+    return "no Vulkan driver manifest found (apt-get install libvulkan1 mesa-vulkan-drivers)"
+
+
+def _import_backend(backend: str | None) -> ModuleType:
+    name = backend or os.environ.get("TENSORGRAD_WGPU") or "wgpu"
+    if name not in ("wgpu", "wgpudawn"):
+        raise ValueError(f"unknown wgpu backend {name!r}: use 'wgpu' or 'wgpudawn'")
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        explicit = backend or os.environ.get("TENSORGRAD_WGPU")
+        if explicit:
+            raise ImportError(f"{name} is not installed (pip install {name})") from err
+        try:
+            return importlib.import_module("wgpudawn")
+        except ImportError:
+            raise ImportError("no wgpu-py package: pip install wgpu==0.32.0 "
+                              "(or wgpudawn)") from err
+
+
+# ----------------------------------------------------------------------------- handles
+
+
+@dataclass(eq=False)
+class NativeKernel:
+    """A compiled compute pipeline (entry point `main`, layout 'auto')."""
+
+    pipeline: Any
+    label: str
+    wgsl: str
+    _layout: Any = None
+
+    def layout(self) -> Any:
+        if self._layout is None:
+            self._layout = self.pipeline.get_bind_group_layout(0)
+        return self._layout
+
+
+# An encoded op: (pipeline, bind_group or None, x, y, z) for a dispatch,
+# (None, src, src_offset, dst, dst_offset, size) for a copy.
+_Op = tuple
+
+
+@dataclass(eq=False)
+class NativeProgram:
+    """Steps split into chunks of at most `chunk_size` compute passes, bind groups made."""
+
+    chunks: list[list[_Op]]
+    chunk_size: int
+    n_dispatches: int
+    labels: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- device
+
+
+class NativeDevice:
+    """A WebGPU device from wgpu-py (``wgpu`` or ``wgpudawn``). See :class:`GPUDevice`."""
+
+    def __init__(self, wgpu: ModuleType, adapter: Any, device: Any, driver_note: str = ""):
+        self.wgpu = wgpu
+        self.backend = wgpu.__name__
+        self.adapter = adapter
+        self.device = device
+        self.queue = device.queue
+        self.driver_note = driver_note
+        info = dict(adapter.info)
+        self.adapter_info = info
+        lim = device.limits
+        self.limits = DeviceLimits(
+            max_storage_buffer_binding_size=int(lim["max-storage-buffer-binding-size"]),
+            max_buffer_size=int(lim["max-buffer-size"]),
+            max_storage_buffers_per_shader_stage=int(lim["max-storage-buffers-per-shader-stage"]),
+            max_compute_workgroups_per_dimension=int(lim["max-compute-workgroups-per-dimension"]),
+            max_compute_invocations_per_workgroup=int(
+                lim["max-compute-invocations-per-workgroup"]),
+            max_compute_workgroup_storage_size=int(lim["max-compute-workgroup-storage-size"]),
+        )
+        parts = [info.get("vendor"), info.get("architecture"), info.get("device"),
+                 info.get("description")]
+        name = " ".join(str(p) for p in parts if p)
+        self.description = (f"{self.backend} {wgpu.__version__}: {name} "
+                            f"({info.get('backend_type', '?')}, {info.get('adapter_type', '?')})")
+        usage = wgpu.BufferUsage
+        self._storage_usage = usage.STORAGE | usage.COPY_SRC | usage.COPY_DST
+        self._staging_usage = usage.MAP_READ | usage.COPY_DST
+        self._map_read = wgpu.MapMode.READ
+        self._staging: dict[int, list[Any]] = {}
+        self._destroyed = False
+        # How to wait for a submission: the queue's on_submitted_work_done when it works (it
+        # raises TypeError in wgpu 0.32.0, pygfx/wgpu-py#834), else a 4-byte copy into a
+        # MAP_READ "fence" buffer encoded at the end of the submission, then mapped.
+        self.use_fence = False
+        self._fence_src: Any = None
+        self._fences: list[Any] = []
+
+    async def _probe_work_done(self) -> None:
+        """Use the queue's on_submitted_work_done if it works, else fence buffers."""
+        try:
+            await self.queue.on_submitted_work_done_async()
+            self.use_fence = False
+        except Exception:  # noqa: BLE001 - any failure: fall back to the portable fence
+            self.use_fence = True
+
+    def _take_fence(self) -> Any:
+        if self._fence_src is None:
+            self._fence_src = self.create_buffer(4, "tensorgrad-fence-src")
+        if self._fences:
+            return self._fences.pop()
+        return self.device.create_buffer(size=4, usage=self._staging_usage,
+                                         label="tensorgrad-fence")
+
+    def _submit(self, command_buffer: Any, fence: Any) -> Any:
+        """Submit; return an awaitable that resolves when this submission is done."""
+        self.queue.submit([command_buffer])
+        if fence is not None:
+            return fence.map_async(self._map_read, 0, 4)
+        return self.queue.on_submitted_work_done_async()
+
+    async def _wait(self, done: Any, fence: Any) -> None:
+        try:
+            await done
+        finally:
+            if fence is not None:
+                if fence.map_state == "mapped":
+                    fence.unmap()
+                    self._fences.append(fence)
+                else:
+                    fence.destroy()
+
+    def __repr__(self) -> str:
+        return f"<NativeDevice {self.description}>"
+
+    # -- buffers
+
+    def create_buffer(self, size: int, label: str = "") -> Any:
+        """A zero-initialised storage buffer of `size` bytes (rounded up to a multiple of 4)."""
+        size = max(4, (int(size) + 3) & ~3)
+        if size > self.limits.max_buffer_size:
+            raise ValueError(f"buffer '{label}' of {size} bytes exceeds maxBufferSize "
+                             f"{self.limits.max_buffer_size}")
+        return self.device.create_buffer(size=size, usage=self._storage_usage, label=label)
+
+    def write_buffer(self, buffer: Any, data: Any, offset: int = 0) -> None:
+        """Copy host bytes into `buffer` at `offset` (a multiple of 4). Data whose length is
+        not a multiple of 4 is padded with zero bytes."""
+        m = memoryview(data)
+        if not m.c_contiguous:
+            m = memoryview(m.tobytes())
+        if m.nbytes % 4:
+            m = memoryview(m.tobytes() + bytes(4 - m.nbytes % 4))
+        if m.nbytes:
+            self.queue.write_buffer(buffer, offset, m)
+
+    def destroy_buffer(self, buffer: Any) -> None:
+        buffer.destroy()
+
+    # -- kernels and programs
+
+    def create_kernel(self, wgsl: str, label: str) -> NativeKernel:
+        """Compile `wgsl` into a compute pipeline; :class:`ShaderCompileError` on failure."""
+        device = self.device
+        try:
+            module = device.create_shader_module(label=label, code=wgsl)
+        except Exception as err:  # GPUValidationError (wgpu / wgpudawn) or a panic message
+            raise ShaderCompileError(label, wgsl, [_error_text(err)]) from err
+        errors = self._compilation_errors(module)
+        if errors:
+            raise ShaderCompileError(label, wgsl, errors)
+        try:
+            pipeline = device.create_compute_pipeline(
+                label=label, layout="auto", compute={"module": module, "entry_point": "main"})
+        except Exception as err:
+            raise ShaderCompileError(label, wgsl, [_error_text(err)]) from err
+        return NativeKernel(pipeline, label, wgsl)
+
+    @staticmethod
+    def _compilation_errors(module: Any) -> list[str]:
+        """Error messages from get_compilation_info, where the backend implements it."""
+        try:
+            get = getattr(module, "get_compilation_info_sync", None)
+            info = get() if get is not None else module.get_compilation_info_async().sync_wait()
+        except Exception:  # noqa: BLE001 - best effort: creation already raised on errors
+            return []
+        out = []
+        for msg in getattr(info, "messages", info) or ():
+            kind = str(getattr(msg, "type", None) or _get(msg, "type", "error"))
+            if kind.endswith("error"):
+                line = getattr(msg, "line_num", None) or _get(msg, "line_num", "?")
+                col = getattr(msg, "line_pos", None) or _get(msg, "line_pos", "?")
+                text = getattr(msg, "message", None) or _get(msg, "message", str(msg))
+                out.append(f"{line}:{col}: {text}")
+        return out
+
+    def create_program(self, steps: Sequence[Dispatch | Copy], chunk_size: int) -> NativeProgram:
+        """Bind groups made once; steps split into chunks of `chunk_size` dispatches."""
+        if chunk_size < 0:
+            raise ValueError("chunk_size must be >= 0")
+        max_wg = self.limits.max_compute_workgroups_per_dimension
+        bind_groups: dict[tuple, Any] = {}
+        chunks: list[list[_Op]] = [[]]
+        in_chunk = 0
+        n_dispatches = 0
+        labels: list[str] = []
+        for step in steps:
+            if isinstance(step, Dispatch):
+                kernel: NativeKernel = step.kernel
+                label = step.label or kernel.label
+                x, y, z = (int(v) for v in step.workgroups)
+                if max(x, y, z) > max_wg or min(x, y, z) < 0:
+                    raise ValueError(f"dispatch '{label}': workgroups {step.workgroups} outside "
+                                     f"0..{max_wg} per dimension (split x into y)")
+                bind_group = None
+                if step.buffers:
+                    key = (id(kernel), *(id(b) for b in step.buffers))
+                    bind_group = bind_groups.get(key)
+                    if bind_group is None:
+                        bind_group = self._bind_group(kernel, step.buffers, label)
+                        bind_groups[key] = bind_group
+                if chunk_size and in_chunk == chunk_size:
+                    chunks.append([])
+                    in_chunk = 0
+                chunks[-1].append((kernel.pipeline, bind_group, x, y, z))
+                in_chunk += 1
+                n_dispatches += 1
+                labels.append(label)
+            elif isinstance(step, Copy):
+                if step.size % 4 or step.src_offset % 4 or step.dst_offset % 4:
+                    raise ValueError(f"copy of {step.size} bytes: size and offsets must be "
+                                     "multiples of 4")
+                chunks[-1].append((None, step.src, step.src_offset, step.dst, step.dst_offset,
+                                   step.size))
+            else:
+                raise TypeError(f"program step must be Dispatch or Copy, not {type(step)}")
+        chunks = [c for c in chunks if c]
+        return NativeProgram(chunks, chunk_size, n_dispatches, labels)
+
+    def _bind_group(self, kernel: NativeKernel, buffers: Sequence[Any], label: str) -> Any:
+        entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                   for i, b in enumerate(buffers)]
+        try:
+            return self.device.create_bind_group(layout=kernel.layout(), entries=entries,
+                                                 label=label)
+        except Exception as err:
+            raise ValueError(f"dispatch '{label}': cannot bind {len(buffers)} buffers "
+                             f"(sizes {[b.size for b in buffers]}) to kernel "
+                             f"'{kernel.label}': {_error_text(err)}") from err
+
+    # -- running
+
+    def _encode(self, ops: list[_Op], reads: Sequence[tuple[Any, int, Any]] = (),
+                fence: Any = None) -> Any:
+        """One command buffer: consecutive dispatches share a compute pass (each dispatch is
+        its own usage scope, so WebGPU orders their memory accesses), copies end the pass."""
+        encoder = self.device.create_command_encoder()
+        cpass = None
+        pipeline = None
+        for op in ops:
+            if op[0] is not None:
+                if cpass is None:
+                    cpass = encoder.begin_compute_pass()
+                    pipeline = None
+                if op[0] is not pipeline:
+                    pipeline = op[0]
+                    cpass.set_pipeline(pipeline)
+                if op[1] is not None:
+                    cpass.set_bind_group(0, op[1])
+                cpass.dispatch_workgroups(op[2], op[3], op[4])
+            else:
+                if cpass is not None:
+                    cpass.end()
+                    cpass = None
+                encoder.copy_buffer_to_buffer(op[1], op[2], op[3], op[4], op[5])
+        if cpass is not None:
+            cpass.end()
+        for src, size, staging in reads:
+            encoder.copy_buffer_to_buffer(src, 0, staging, 0, size)
+        if fence is not None:
+            encoder.copy_buffer_to_buffer(self._fence_src, 0, fence, 0, 4)
+        return encoder.finish()
+
+    def _take_staging(self, size: int) -> Any:
+        free = self._staging.get(size)
+        if free:
+            return free.pop()
+        return self.device.create_buffer(size=size, usage=self._staging_usage,
+                                         label="tensorgrad-readback")
+
+    async def _map_and_read(self, reads: list[tuple[Any, int, Any]],
+                            nbytes: list[int]) -> list[memoryview]:
+        promises = [staging.map_async(self._map_read, 0, size) for _, size, staging in reads]
+        out: list[memoryview] = []
+        try:
+            for promise in promises:
+                await promise
+            for (_, size, staging), n in zip(reads, nbytes):
+                data = staging.read_mapped(0, size)
+                out.append(data[:n] if n != size else data)
+        finally:
+            for _, size, staging in reads:
+                if staging.map_state == "mapped":
+                    staging.unmap()
+                    self._staging.setdefault(size, []).append(staging)
+                else:  # pending or failed: never reuse it
+                    staging.destroy()
+        return out
+
+    def _plan_reads(self, reads: Sequence[tuple[Any, int]]) -> tuple[list, list[int]]:
+        planned, nbytes = [], []
+        for buffer, n in reads:
+            n = int(n)
+            size = max(4, (n + 3) & ~3)
+            if size > buffer.size:
+                raise ValueError(f"read of {n} bytes from a buffer of {buffer.size} bytes")
+            planned.append((buffer, size, self._take_staging(size)))
+            nbytes.append(n)
+        return planned, nbytes
+
+    async def execute(self, program: NativeProgram, writes: Sequence[tuple[Any, Any]],
+                      reads: Sequence[tuple[Any, int]]) -> list[memoryview]:
+        """Write inputs, run the chunks with at most two submissions in flight (chunk i+1 is
+        submitted before waiting for chunk i), then read back; the read copies ride in the
+        last submission."""
+        for buffer, data in writes:
+            self.write_buffer(buffer, data)
+        planned, nbytes = self._plan_reads(reads)
+        chunks = program.chunks
+        last = len(chunks) - 1
+        if last < 0:
+            self.queue.submit([self._encode([], planned)])
+        previous: tuple[Any, Any] | None = None
+        for i, ops in enumerate(chunks):
+            # The last submission needs no wait of its own when the read maps follow it.
+            wait = i < last or not planned
+            fence = self._take_fence() if wait and self.use_fence else None
+            command_buffer = self._encode(ops, planned if i == last else (), fence)
+            if wait:
+                current = (self._submit(command_buffer, fence), fence)
+            else:
+                self.queue.submit([command_buffer])
+                current = None
+            if previous is not None:  # chunk i is queued: now wait for chunk i - 1
+                await self._wait(*previous)
+            previous = current
+        if previous is not None:
+            await self._wait(*previous)
+        if not planned:
+            return []
+        return await self._map_and_read(planned, nbytes)
+
+    async def read_buffers(self, reads: Sequence[tuple[Any, int]]) -> list[memoryview]:
+        """Read `(buffer, nbytes)` pairs back (one submission, one map each)."""
+        planned, nbytes = self._plan_reads(reads)
+        if not planned:
+            return []
+        self.queue.submit([self._encode([], planned)])
+        return await self._map_and_read(planned, nbytes)
+
+    def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        for free in self._staging.values():
+            for buffer in free:
+                buffer.destroy()
+        self._staging.clear()
+        for buffer in [*self._fences, self._fence_src]:
+            if buffer is not None:
+                buffer.destroy()
+        self._fences.clear()
+        self.device.destroy()
+
+
+def _get(obj: Any, key: str, default: Any) -> Any:
+    try:
+        return obj[key]
+    except (KeyError, IndexError, TypeError):
+        return default
+
+
+def _error_text(err: BaseException) -> str:
+    text = str(err).strip()
+    return text or type(err).__name__
+
+
+# ----------------------------------------------------------------------------- request
+
+
+def _rank(adapter: Any) -> tuple[int, int]:
+    info = adapter.info
+    kind = str(_get(info, "adapter_type", "unknown")).lower().replace("_", "").replace(" ", "")
+    backend = str(_get(info, "backend_type", "")).lower()
+    return _TYPE_RANK.get(kind, 3), _BACKEND_RANK.get(backend, 1)
+
+
+async def _pick_adapter(wgpu: ModuleType) -> Any:
+    """The best adapter: a real GPU before a CPU one; ``TENSORGRAD_ADAPTER`` (a substring of
+    the adapter's vendor/device/description) narrows the choice."""
+    adapters: list[Any] = []
+    try:
+        adapters = list(await wgpu.gpu.enumerate_adapters_async())
+    except Exception:  # noqa: BLE001 - fall back to request_adapter, which reports errors
+        adapters = []
+    wanted = os.environ.get("TENSORGRAD_ADAPTER", "").lower()
+    if wanted:
+        adapters = [a for a in adapters
+                    if wanted in " ".join(str(v) for v in dict(a.info).values()).lower()]
+        if not adapters:
+            raise RuntimeError(f"no adapter matches TENSORGRAD_ADAPTER={wanted!r}")
+    if adapters:
+        return min(adapters, key=_rank)
+    return await wgpu.gpu.request_adapter_async(power_preference="high-performance")
+
+
+def _required_limits(adapter_limits: dict[str, int]) -> dict[str, int]:
+    lim = dict(adapter_limits)
+    max_buffer = min(int(lim["max-buffer-size"]), MAX_BUFFER_BYTES)
+    required = {
+        "max-buffer-size": max_buffer,
+        "max-storage-buffer-binding-size": min(int(lim["max-storage-buffer-binding-size"]),
+                                               max_buffer),
+    }
+    for key in ("max-storage-buffers-per-shader-stage", "max-compute-workgroups-per-dimension",
+                "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
+                "max-compute-workgroup-size-y", "max-compute-workgroup-size-z",
+                "max-compute-workgroup-storage-size", "max-bind-groups",
+                "max-bindings-per-bind-group"):
+        if lim.get(key):
+            required[key] = int(lim[key])
+    return required
+
+
+async def request_native_device(backend: str | None = None) -> NativeDevice:
+    """A :class:`NativeDevice` at the adapter's limits (buffers capped at 2147483644 bytes).
+
+    `backend` is ``"wgpu"`` or ``"wgpudawn"`` (default: ``TENSORGRAD_WGPU`` or ``wgpu``).
+    Raises RuntimeError, naming the driver setup, when no adapter or device can be made."""
+    wgpu = _import_backend(backend)
+    note = configure_vulkan_driver(wgpu.__name__)
+    try:
+        adapter = await _pick_adapter(wgpu)
+    except Exception as err:
+        raise RuntimeError(f"{wgpu.__name__}: no WebGPU adapter ({_error_text(err)}). "
+                           f"Vulkan driver: {note}. Install libvulkan1 and mesa-vulkan-drivers, "
+                           "or set VK_ICD_FILENAMES to a driver manifest "
+                           f"(SwiftShader: {_SWIFTSHADER_ICDS[0]}).") from err
+    if adapter is None:
+        raise RuntimeError(f"{wgpu.__name__}: no WebGPU adapter. Vulkan driver: {note}.")
+    required = _required_limits(adapter.limits)
+    try:
+        device = await adapter.request_device_async(label="tensorgrad",
+                                                    required_limits=required)
+    except Exception as err:
+        raise RuntimeError(f"{wgpu.__name__}: request_device failed on {dict(adapter.info)} "
+                           f"with limits {required}: {_error_text(err)}") from err
+    native = NativeDevice(wgpu, adapter, device, note)
+    await native._probe_work_done()
+    return native

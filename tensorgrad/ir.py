@@ -1,0 +1,92 @@
+"""The IR: a graph of nodes, each one op producing one tensor. Plain data.
+
+Nodes are kept in construction order, which is a topological order and also the dispatch
+order. Leaves are `param`, `input` and `state` nodes, named by `attrs["name"]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any, Literal
+
+Dtype = Literal["f32", "i32", "bool"]
+Shape = tuple[int, ...]
+DTYPES: tuple[str, ...] = ("f32", "i32", "bool")
+LEAF_OPS = frozenset({"param", "input", "state"})
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One op application. `inputs` are node ids; `attrs` hold the op's static arguments."""
+
+    id: int
+    op: str
+    inputs: tuple[int, ...]
+    attrs: dict[str, Any]
+    shape: Shape
+    dtype: str
+    site: str = ""
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.size
+
+    def describe(self) -> str:
+        args = ", ".join(f"%{i}" for i in self.inputs)
+        attrs = ", ".join(f"{k}={v!r}" for k, v in self.attrs.items())
+        inner = ", ".join(x for x in (args, attrs) if x)
+        return f"%{self.id}: {self.dtype}{list(self.shape)} = {self.op}({inner})"
+
+
+@dataclass
+class Graph:
+    """An IR graph. `outputs` are node ids; `captures` maps capture names to node ids."""
+
+    nodes: list[Node] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+    captures: dict[str, int] = field(default_factory=dict)
+
+    def add(self, op: str, inputs: tuple[int, ...], attrs: dict[str, Any], shape: Shape,
+            dtype: str, site: str = "") -> Node:
+        node = Node(len(self.nodes), op, tuple(inputs), dict(attrs), tuple(shape), dtype, site)
+        self.nodes.append(node)
+        return node
+
+    def __getitem__(self, node_id: int) -> Node:
+        return self.nodes[node_id]
+
+    def leaves(self, op: str) -> dict[str, Node]:
+        """Named leaves of one kind ('param', 'input' or 'state'), in graph order."""
+        return {n.attrs["name"]: n for n in self.nodes if n.op == op}
+
+    @property
+    def params(self) -> dict[str, Node]:
+        return self.leaves("param")
+
+    @property
+    def inputs(self) -> dict[str, Node]:
+        return self.leaves("input")
+
+    @property
+    def states(self) -> dict[str, Node]:
+        return self.leaves("state")
+
+    def users(self) -> list[list[int]]:
+        """For each node, the ids of the nodes that read it."""
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for n in self.nodes:
+            for i in n.inputs:
+                users[i].append(n.id)
+        return users
+
+    def __str__(self) -> str:
+        lines = [n.describe() for n in self.nodes]
+        lines.append("outputs: " + ", ".join(f"%{i}" for i in self.outputs))
+        if self.captures:
+            lines.append("captures: " + ", ".join(f"{k}=%{v}" for k, v in self.captures.items()))
+        return "\n".join(lines)

@@ -1,0 +1,8 @@
+"""The op set. Importing this package fills the op table (:mod:`.registry`)."""
+
+from .broadcast import broadcast_to, sum_to_shape
+from .elementwise import *  # noqa: F401,F403
+from .registry import OPS, PUBLIC
+
+globals().update(PUBLIC)
+__all__ = ["OPS", "PUBLIC", "broadcast_to", "sum_to_shape", *sorted(PUBLIC)]

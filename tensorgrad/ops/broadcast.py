@@ -1,0 +1,75 @@
+"""broadcast_to and sum_to_shape: the pair that implements broadcasting and its gradient."""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Sequence
+
+import tensorgrad.codegen.wgsl as w
+
+from ..codegen.kernel import EmitContext, Kernel
+from ..errors import ShapeError
+from ..ir import Node, Shape
+from ..tensor import Tensor, record
+from .registry import define
+
+
+def _infer_broadcast_to(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    (a,), target = inputs, tuple(attrs["shape"])
+    off = len(target) - len(a.shape)
+    if off < 0 or any(d not in (1, target[k + off]) for k, d in enumerate(a.shape)):
+        raise ShapeError("broadcast_to", f"cannot broadcast {list(a.shape)} to {list(target)}")
+    return target, a.dtype
+
+
+def _infer_sum_to_shape(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    (a,), target = inputs, tuple(attrs["shape"])
+    off = len(a.shape) - len(target)
+    if off < 0 or any(d not in (1, a.shape[k + off]) for k, d in enumerate(target)):
+        raise ShapeError("sum_to_shape", f"cannot sum {list(a.shape)} down to {list(target)}")
+    return target, a.dtype
+
+
+def _reduced_axes(src: Shape, target: Shape) -> tuple[int, ...]:
+    off = len(src) - len(target)
+    return tuple(k for k in range(len(src)) if k < off or (target[k - off] == 1 and src[k] != 1))
+
+
+def _ref_sum_to_shape(args: Sequence[Any], node: Node) -> Any:
+    (a,) = args
+    return a.sum(axis=_reduced_axes(a.shape, node.shape)).reshape(node.shape)
+
+
+def _emit_broadcast_to(ctx: EmitContext) -> Kernel:
+    return w.elementwise(ctx, "a0")
+
+
+def _emit_sum_to_shape(ctx: EmitContext) -> Kernel:
+    src = ctx.inputs[0].shape
+    red = _reduced_axes(src, ctx.node.shape)
+    kept = [k for k in range(len(src)) if k not in red]
+    st = w.strides(src)
+    length = prod(src[k] for k in red)
+    index = " + ".join([
+        w.decompose("o", [src[k] for k in kept], [st[k] for k in kept]),
+        w.decompose("r", [src[k] for k in red], [st[k] for k in red])])
+    return w.reduce_kernel(ctx, ctx.node.size, length, index)
+
+
+define("broadcast_to", infer=_infer_broadcast_to,
+       ref=lambda args, node: __import__("numpy").broadcast_to(args[0], node.shape).copy(),
+       vjp=lambda ins, out, dy, attrs: [sum_to_shape(dy, ins[0].shape)],
+       emit=_emit_broadcast_to, doc="Repeat size-1 / missing leading axes up to `shape`.")
+define("sum_to_shape", infer=_infer_sum_to_shape, ref=_ref_sum_to_shape,
+       vjp=lambda ins, out, dy, attrs: [broadcast_to(dy, ins[0].shape)],
+       emit=_emit_sum_to_shape, doc="Sum the axes broadcasting added, down to `shape`.")
+
+
+def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """Broadcast `x` to `shape` (no-op when equal)."""
+    return x if tuple(shape) == x.shape else record("broadcast_to", [x], shape=tuple(shape))
+
+
+def sum_to_shape(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """Sum `x` down to `shape`, undoing a broadcast (no-op when equal)."""
+    return x if tuple(shape) == x.shape else record("sum_to_shape", [x], shape=tuple(shape))

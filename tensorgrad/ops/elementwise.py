@@ -1,0 +1,417 @@
+"""Elementwise ops: constants, arithmetic, comparisons, where, unary math, activations."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import tensorgrad.codegen.wgsl as w
+
+from ..codegen.kernel import EmitContext, Kernel
+from ..errors import ShapeError
+from ..ir import DTYPES, Node, Shape
+from ..tensor import Tensor, record
+from .broadcast import broadcast_to, sum_to_shape
+from .registry import NO_GRAD, define, public
+from .rules import broadcast_shapes, check_dims, require_dtype, same_dtype
+
+TensorLike = Tensor | float | int
+
+SQRT_HALF = 1.0 / math.sqrt(2.0)
+TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+# Abramowitz & Stegun 7.1.26 (max abs error 1.5e-7); the kernel and the reference share it.
+ERF_P = 0.3275911
+ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def _np():
+    import numpy as np
+    return np
+
+
+def erf_reference(x: Any) -> Any:
+    np = _np()
+    t = 1.0 / (1.0 + ERF_P * np.abs(x))
+    a1, a2, a3, a4, a5 = ERF_A
+    poly = t * (a1 + t * (a2 + t * (a3 + t * (a4 + t * a5))))
+    return np.sign(x) * (1.0 - poly * np.exp(-x * x))
+
+
+ERF_WGSL = f"""fn erf_as(x: f32) -> f32 {{
+  let t = 1.0f / (1.0f + {ERF_P}f * abs(x));
+  let poly = t * ({ERF_A[0]}f + t * ({ERF_A[1]}f + t * ({ERF_A[2]}f + t * ({ERF_A[3]}f
+    + t * {ERF_A[4]}f))));
+  return sign(x) * (1.0f - poly * exp(-x * x));
+}}"""
+
+
+def _unbroadcast(g: Tensor, shape: Shape) -> Tensor:
+    return sum_to_shape(g, shape)
+
+
+# ---- constants -------------------------------------------------------------------------
+
+def _infer_full(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    if attrs["dtype"] not in DTYPES:
+        raise ShapeError("full", f"dtype must be one of {DTYPES}, got {attrs['dtype']!r}")
+    return tuple(attrs["shape"]), attrs["dtype"]
+
+
+define("full", infer=_infer_full,
+       ref=lambda args, node: _np().full(node.shape, node.attrs["value"]),
+       vjp=NO_GRAD,
+       emit=lambda ctx: w.thread_kernel(
+           ctx, f"  out[i] = {w.lit(ctx.node.attrs['value'], ctx.node.dtype)};"),
+       doc="A tensor filled with one value.")
+
+
+def full(shape: Sequence[int], value: float | int, dtype: str = "f32") -> Tensor:
+    """A tensor of `shape` filled with `value`."""
+    shape = tuple(shape)
+    if shape:
+        check_dims("full", shape)
+    return record("full", [], shape=shape, value=value, dtype=dtype)
+
+
+@public
+def zeros(shape: Sequence[int], dtype: str = "f32") -> Tensor:
+    """A tensor of zeros, `shape` of positive ints."""
+    check_dims("zeros", tuple(shape))
+    return full(shape, 0, dtype)
+
+
+@public
+def ones(shape: Sequence[int], dtype: str = "f32") -> Tensor:
+    """A tensor of ones, `shape` of positive ints."""
+    check_dims("ones", tuple(shape))
+    return full(shape, 1, dtype)
+
+
+def _as_tensor(op: str, x: TensorLike, like: Tensor) -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ShapeError(op, f"expected a Tensor or a Python number, got {type(x).__name__}")
+    return full((), x, like.dtype)
+
+
+def _both(op: str, a: TensorLike, b: TensorLike) -> tuple[Tensor, Tensor]:
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        raise ShapeError(op, "at least one operand must be a Tensor")
+    like = a if isinstance(a, Tensor) else b
+    return _as_tensor(op, a, like), _as_tensor(op, b, like)  # type: ignore[arg-type]
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+# ---- binary arithmetic -----------------------------------------------------------------
+
+def _binary_infer(op: str, dtypes: tuple[str, ...], out_dtype: str | None = None):
+    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+        a, b = inputs
+        dtype = same_dtype(op, inputs)
+        require_dtype(op, a, *dtypes, what="operands")
+        return broadcast_shapes(op, a.shape, b.shape), out_dtype or dtype
+    return infer
+
+
+def _binary(name: str, np_fn: Callable[[Any, Any], Any], expr: str, vjp: Any,
+            dtypes: tuple[str, ...] = ("f32", "i32"), out_dtype: str | None = None,
+            doc: str = "") -> None:
+    define(name, infer=_binary_infer(name, dtypes, out_dtype),
+           ref=lambda args, node: np_fn(args[0], args[1]),
+           vjp=vjp, emit=lambda ctx: w.elementwise(ctx, expr), doc=doc)
+
+
+_binary("add", lambda a, b: a + b, "a0 + a1",
+        lambda ins, out, dy, at: [_unbroadcast(dy, ins[0].shape),
+                                  _unbroadcast(dy, ins[1].shape)])
+_binary("sub", lambda a, b: a - b, "a0 - a1",
+        lambda ins, out, dy, at: [_unbroadcast(dy, ins[0].shape),
+                                  _unbroadcast(neg(dy), ins[1].shape)])
+_binary("mul", lambda a, b: a * b, "a0 * a1",
+        lambda ins, out, dy, at: [_unbroadcast(mul(dy, ins[1]), ins[0].shape),
+                                  _unbroadcast(mul(dy, ins[0]), ins[1].shape)])
+_binary("div", lambda a, b: a / b, "a0 / a1",
+        lambda ins, out, dy, at: [
+            _unbroadcast(div(dy, ins[1]), ins[0].shape),
+            _unbroadcast(neg(div(mul(dy, ins[0]), mul(ins[1], ins[1]))), ins[1].shape)],
+        dtypes=("f32",))
+
+
+def _minmax_vjp(compare: Callable[[Tensor, Tensor], Tensor]):
+    def vjp(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> list[Tensor]:
+        a, b = ins
+        mask = compare(a, b)  # where a strictly wins; ties send the gradient to b
+        return [_unbroadcast(where(mask, dy, 0.0), a.shape),
+                _unbroadcast(where(mask, 0.0, dy), b.shape)]
+    return vjp
+
+
+_binary("minimum", lambda a, b: _np().minimum(a, b), "min(a0, a1)",
+        _minmax_vjp(lambda a, b: less(a, b)))
+_binary("maximum", lambda a, b: _np().maximum(a, b), "max(a0, a1)",
+        _minmax_vjp(lambda a, b: greater(a, b)))
+_binary("less", lambda a, b: a < b, "select(0u, 1u, a0 < a1)", NO_GRAD, out_dtype="bool")
+_binary("greater", lambda a, b: a > b, "select(0u, 1u, a0 > a1)", NO_GRAD, out_dtype="bool")
+
+
+def _scalar_infer(op: str):
+    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+        require_dtype(op, inputs[0], "f32", "i32")
+        return inputs[0].shape, inputs[0].dtype
+    return infer
+
+
+define("add_scalar", infer=_scalar_infer("add_scalar"),
+       ref=lambda args, node: args[0] + node.attrs["scalar"],
+       vjp=lambda ins, out, dy, at: [dy],
+       emit=lambda ctx: w.elementwise(
+           ctx, f"a0 + {w.lit(ctx.node.attrs['scalar'], ctx.node.dtype)}"),
+       doc="x + scalar")
+define("mul_scalar", infer=_scalar_infer("mul_scalar"),
+       ref=lambda args, node: args[0] * node.attrs["scalar"],
+       vjp=lambda ins, out, dy, at: [mul_scalar(dy, at["scalar"])],
+       emit=lambda ctx: w.elementwise(
+           ctx, f"a0 * {w.lit(ctx.node.attrs['scalar'], ctx.node.dtype)}"),
+       doc="x * scalar")
+
+
+def add_scalar(x: Tensor, s: float) -> Tensor:
+    return record("add_scalar", [x], scalar=int(s) if x.dtype == "i32" else float(s))
+
+
+def mul_scalar(x: Tensor, s: float) -> Tensor:
+    return record("mul_scalar", [x], scalar=int(s) if x.dtype == "i32" else float(s))
+
+
+@public
+def add(a: TensorLike, b: TensorLike) -> Tensor:
+    """a + b with broadcasting; a Python number on either side."""
+    if _is_number(b) and isinstance(a, Tensor):
+        return add_scalar(a, b)  # type: ignore[arg-type]
+    if _is_number(a) and isinstance(b, Tensor):
+        return add_scalar(b, a)  # type: ignore[arg-type]
+    return record("add", list(_both("add", a, b)))
+
+
+@public
+def sub(a: TensorLike, b: TensorLike) -> Tensor:
+    """a - b with broadcasting; a Python number on either side."""
+    if _is_number(b) and isinstance(a, Tensor):
+        return add_scalar(a, -b)  # type: ignore[operator]
+    return record("sub", list(_both("sub", a, b)))
+
+
+@public
+def mul(a: TensorLike, b: TensorLike) -> Tensor:
+    """a * b with broadcasting; a Python number on either side."""
+    if _is_number(b) and isinstance(a, Tensor):
+        return mul_scalar(a, b)  # type: ignore[arg-type]
+    if _is_number(a) and isinstance(b, Tensor):
+        return mul_scalar(b, a)  # type: ignore[arg-type]
+    return record("mul", list(_both("mul", a, b)))
+
+
+@public
+def div(a: TensorLike, b: TensorLike) -> Tensor:
+    """a / b (f32) with broadcasting; a Python number on either side."""
+    if _is_number(b) and isinstance(a, Tensor):
+        if b == 0:
+            raise ShapeError("div", "division by the scalar 0")
+        require_dtype("div", a.node, "f32", what="dividend")
+        return mul_scalar(a, 1.0 / b)  # type: ignore[operator]
+    return record("div", list(_both("div", a, b)))
+
+
+@public
+def minimum(a: TensorLike, b: TensorLike) -> Tensor:
+    """Elementwise min with broadcasting (gradient ties go to `b`)."""
+    return record("minimum", list(_both("minimum", a, b)))
+
+
+@public
+def maximum(a: TensorLike, b: TensorLike) -> Tensor:
+    """Elementwise max with broadcasting (gradient ties go to `b`)."""
+    return record("maximum", list(_both("maximum", a, b)))
+
+
+@public
+def less(a: TensorLike, b: TensorLike) -> Tensor:
+    """a < b as a bool tensor, with broadcasting."""
+    return record("less", list(_both("less", a, b)))
+
+
+@public
+def greater(a: TensorLike, b: TensorLike) -> Tensor:
+    """a > b as a bool tensor, with broadcasting."""
+    return record("greater", list(_both("greater", a, b)))
+
+
+def _infer_where(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    cond, a, b = inputs
+    require_dtype("where", cond, "bool", what="cond")
+    dtype = same_dtype("where", [a, b])
+    return broadcast_shapes("where", cond.shape, a.shape, b.shape), dtype
+
+
+def _vjp_where(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> list:
+    cond, a, b = ins
+    return [None, _unbroadcast(where(cond, dy, 0.0), a.shape),
+            _unbroadcast(where(cond, 0.0, dy), b.shape)]
+
+
+define("where", infer=_infer_where,
+       ref=lambda args, node: _np().where(args[0], args[1], args[2]),
+       vjp=_vjp_where, emit=lambda ctx: w.elementwise(ctx, "select(a2, a1, a0 != 0u)"),
+       doc="cond ? a : b with 3-way broadcasting")
+
+
+@public
+def where(cond: Tensor, a: TensorLike, b: TensorLike) -> Tensor:
+    """`a` where `cond` (bool) is true, else `b`; 3-way broadcasting, numbers allowed."""
+    if not isinstance(cond, Tensor):
+        raise ShapeError("where", f"cond must be a bool Tensor, got {type(cond).__name__}")
+    a_t, b_t = _both("where", a, b)
+    if not isinstance(a, Tensor) and isinstance(b, Tensor):
+        a_t = full((), a, b.dtype)  # type: ignore[arg-type]
+    return record("where", [cond, a_t, b_t])
+
+
+# ---- unary -----------------------------------------------------------------------------
+
+def _unary_infer(op: str):
+    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+        require_dtype(op, inputs[0], "f32")
+        return inputs[0].shape, "f32"
+    return infer
+
+
+def _unary(name: str, np_fn: Callable[[Any], Any], expr: str, vjp: Any, doc: str,
+           prelude: str = "") -> Callable[[Tensor], Tensor]:
+    define(name, infer=_unary_infer(name), ref=lambda args, node: np_fn(args[0]), vjp=vjp,
+           emit=lambda ctx: w.elementwise(ctx, expr, prelude=prelude), doc=doc)
+
+    def fn(x: Tensor) -> Tensor:
+        return record(name, [x])
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"{doc} (elementwise, f32)."
+    return public(fn)
+
+
+sqrt = _unary("sqrt", lambda x: _np().sqrt(x), "sqrt(a0)",
+              lambda i, c, dy, at: [mul_scalar(div(dy, c), 0.5)], "Square root")
+rsqrt = _unary("rsqrt", lambda x: 1.0 / _np().sqrt(x), "1.0f / sqrt(a0)",
+               lambda i, c, dy, at: [mul_scalar(mul(dy, mul(c, mul(c, c))), -0.5)],
+               "1 / sqrt(x)")
+log = _unary("log", lambda x: _np().log(x), "log(a0)",
+             lambda i, c, dy, at: [div(dy, i[0])], "Natural log")
+exp = _unary("exp", lambda x: _np().exp(x), "exp(a0)",
+             lambda i, c, dy, at: [mul(dy, c)], "e^x")
+neg = _unary("neg", lambda x: -x, "-a0", lambda i, c, dy, at: [neg(dy)], "-x")
+abs = _unary("abs", lambda x: _np().abs(x), "abs(a0)",  # noqa: A001
+             lambda i, c, dy, at: [where(less(i[0], 0.0), neg(dy), dy)],
+             "|x| (gradient +1 at 0)")
+tanh = _unary("tanh", lambda x: _np().tanh(x), "tanh(clamp(a0, -15.0f, 15.0f))",
+              lambda i, c, dy, at: [mul(dy, add_scalar(neg(mul(c, c)), 1.0))],
+              "Hyperbolic tangent")
+sigmoid = _unary("sigmoid", lambda x: 0.5 + 0.5 * _np().tanh(0.5 * x),
+                 "0.5f + 0.5f * tanh(clamp(0.5f * a0, -15.0f, 15.0f))",
+                 lambda i, c, dy, at: [mul(dy, sub(c, mul(c, c)))],
+                 "Logistic sigmoid, computed as 0.5 + 0.5 tanh(x/2)")
+erf = _unary("erf", erf_reference, "erf_as(a0)",
+             lambda i, c, dy, at: [mul(dy, mul_scalar(exp(neg(mul(i[0], i[0]))),
+                                                      TWO_OVER_SQRT_PI))],
+             "Error function (Abramowitz-Stegun 7.1.26)", prelude=ERF_WGSL)
+sin = _unary("sin", lambda x: _np().sin(x), "sin(a0)",
+             lambda i, c, dy, at: [mul(dy, cos(i[0]))], "Sine")
+cos = _unary("cos", lambda x: _np().cos(x), "cos(a0)",
+             lambda i, c, dy, at: [mul(dy, neg(sin(i[0])))], "Cosine")
+relu = _unary("relu", lambda x: _np().maximum(x, 0), "max(a0, 0.0f)",
+              lambda i, c, dy, at: [record("relu_grad", [i[0], dy])], "max(x, 0)")
+
+
+def _infer_relu_grad(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    x, dy = inputs
+    if x.shape != dy.shape:
+        raise ShapeError("relu_grad", f"x {list(x.shape)} and dy {list(dy.shape)} differ")
+    return x.shape, "f32"
+
+
+define("relu_grad", infer=_infer_relu_grad,
+       ref=lambda args, node: _np().where(args[0] > 0, args[1], 0),
+       vjp="grad_error", emit=lambda ctx: w.elementwise(ctx, "select(0.0f, a1, a0 > 0.0f)"),
+       doc="dy where x > 0, else 0")
+
+
+def _infer_same(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    return inputs[0].shape, inputs[0].dtype
+
+
+define("stop_gradient", infer=_infer_same, ref=lambda args, node: args[0].copy(),
+       vjp=NO_GRAD, emit=lambda ctx: w.elementwise(ctx, "a0"), doc="identity, no gradient")
+
+
+@public
+def stop_gradient(x: Tensor) -> Tensor:
+    """Identity forward; no gradient flows back through it."""
+    return record("stop_gradient", [x])
+
+
+# ---- composed activations --------------------------------------------------------------
+
+@public
+def square(x: Tensor) -> Tensor:
+    """x * x."""
+    return mul(x, x)
+
+
+@public
+def silu(x: Tensor) -> Tensor:
+    """x * sigmoid(x)."""
+    return mul(x, sigmoid(x))
+
+
+@public
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """GELU: exact erf form by default (PyTorch's nn.GELU()), or approximate="tanh"."""
+    if approximate == "none":
+        return mul(mul_scalar(x, 0.5), add_scalar(erf(mul_scalar(x, SQRT_HALF)), 1.0))
+    if approximate == "tanh":
+        inner = mul_scalar(add(x, mul_scalar(mul(x, mul(x, x)), 0.044715)), 0.7978845608028654)
+        return mul(mul_scalar(x, 0.5), add_scalar(tanh(inner), 1.0))
+    raise ShapeError("gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+@public
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """x where x > 0 else negative_slope * x (right for any slope)."""
+    return where(greater(x, 0.0), x, mul_scalar(x, negative_slope))
+
+
+@public
+def softplus(x: Tensor) -> Tensor:
+    """log(1 + e^x), computed overflow-safely as max(x, 0) + log(1 + e^-|x|)."""
+    return add(relu(x), log(add_scalar(exp(neg(abs(x))), 1.0)))
+
+
+@public
+def clamp(x: Tensor, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
+    """Limit x to [min, max] (either bound may be None)."""
+    if min is None and max is None:
+        raise ShapeError("clamp", "give at least one of min and max")
+    out = x
+    if min is not None:
+        out = maximum(out, min)
+    if max is not None:
+        out = minimum(out, max)
+    return out
+
+
+__all__ = ["add", "sub", "mul", "div", "minimum", "maximum", "less", "greater", "where",
+           "sqrt", "rsqrt", "log", "exp", "neg", "abs", "tanh", "sigmoid", "erf", "sin",
+           "cos", "relu", "stop_gradient", "square", "silu", "gelu", "leaky_relu",
+           "softplus", "clamp", "zeros", "ones", "full", "add_scalar", "mul_scalar",
+           "broadcast_to", "sum_to_shape"]

@@ -1,0 +1,53 @@
+"""Shared shape and dtype rules for op definitions."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import ShapeError
+from ..ir import Node, Shape
+
+
+def broadcast_shapes(op: str, *shapes: Shape) -> Shape:
+    """Right-aligned NumPy broadcasting; a size-1 dim on either side stretches."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for k in range(rank):
+        dims = {s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            listed = " and ".join(str(list(s)) for s in shapes)
+            raise ShapeError(op, f"shapes {listed} do not broadcast (axis {k - rank} has sizes "
+                             f"{sorted(dims)}; each must be equal or 1)")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def require_dtype(op: str, node: Node, *dtypes: str, what: str = "input") -> None:
+    if node.dtype not in dtypes:
+        want = " or ".join(dtypes)
+        raise ShapeError(op, f"{what} must be {want}, got {node.dtype} "
+                         f"(shape {list(node.shape)})")
+
+
+def same_dtype(op: str, nodes: Sequence[Node]) -> str:
+    dtypes = {n.dtype for n in nodes}
+    if len(dtypes) != 1:
+        described = ", ".join(f"{n.dtype}{list(n.shape)}" for n in nodes)
+        raise ShapeError(op, f"operands must have the same dtype, got {described}")
+    return nodes[0].dtype
+
+
+def normalize_axis(op: str, axis: int, rank: int, extra: int = 0) -> int:
+    """`axis` in [-(rank+extra), rank+extra) mapped to [0, rank+extra)."""
+    n = rank + extra
+    if not isinstance(axis, int) or not -n <= axis < n:
+        raise ShapeError(op, f"axis {axis} is out of range for a tensor of rank {rank} "
+                         f"(valid: {-n}..{n - 1})")
+    return axis + n if axis < 0 else axis
+
+
+def check_dims(op: str, shape: Sequence[int]) -> Shape:
+    if any(not isinstance(d, int) or isinstance(d, bool) or d <= 0 for d in shape):
+        raise ShapeError(op, f"dims must be positive ints, got {list(shape)}")
+    return tuple(shape)

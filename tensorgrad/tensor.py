@@ -1,0 +1,224 @@
+"""Symbolic tensors and the trace context that records them into an IR graph."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from .errors import ShapeError, TraceError, user_call_site
+from .ir import DTYPES, Graph, Node, Shape
+
+if TYPE_CHECKING:
+    pass
+
+PRNG_SEED_INPUT = "__prng_seed"
+
+
+@dataclass
+class TraceState:
+    """What a trace in progress records into."""
+
+    graph: Graph
+    capture_enabled: bool = True
+    stochastic_count: int = 0
+    seed: Tensor | None = None
+    names: set[str] = field(default_factory=set)
+
+
+_state: TraceState | None = None
+
+
+@contextmanager
+def tracing(graph: Graph | None = None, capture: bool = True) -> Iterator[TraceState]:
+    """Record ops into `graph` (a fresh one by default). Traces do not nest."""
+    global _state
+    if _state is not None:
+        raise TraceError("a trace is already in progress; traces do not nest")
+    g = graph if graph is not None else Graph()
+    state = TraceState(g, capture_enabled=capture)
+    state.names = {n.attrs["name"] for n in g.nodes if n.op in ("param", "input")}
+    seeds = [n for n in g.nodes if n.op == "input" and n.attrs["name"] == PRNG_SEED_INPUT]
+    if seeds:
+        state.seed = Tensor(g, seeds[0].id)
+    state.stochastic_count = sum(1 for n in g.nodes if n.attrs.get("salt") is not None
+                                 and n.op in ("dropout", "randn", "categorical_last"))
+    _state = state
+    try:
+        yield state
+    finally:
+        _state = None
+
+
+def current_trace(op: str = "") -> TraceState:
+    """The trace in progress; raises TraceError naming `op` when there is none."""
+    if _state is None:
+        what = f"'{op}'" if op else "an op"
+        raise TraceError(f"{what} was called outside a trace: tensorgrad ops only run while "
+                         "tg.compile / tg.trace traces your loss or forward function")
+    return _state
+
+
+def is_tracing() -> bool:
+    return _state is not None
+
+
+def record(op: str, inputs: Sequence[Tensor], **attrs: Any) -> Tensor:
+    """Append one op node, checking shapes/dtypes with the op's rule; returns its tensor."""
+    from .ops.registry import OPS
+
+    state = current_trace(op)
+    for t in inputs:
+        if not isinstance(t, Tensor):
+            raise ShapeError(op, f"expected a Tensor input, got {type(t).__name__}")
+        if t.graph is not state.graph:
+            raise TraceError(f"'{op}' got a tensor from another trace (tensors do not outlive "
+                             "the trace that made them)")
+    nodes = [state.graph[t.id] for t in inputs]
+    shape, dtype = OPS[op].infer(nodes, attrs)
+    node = state.graph.add(op, tuple(t.id for t in inputs), attrs, shape, dtype, user_call_site())
+    return Tensor(state.graph, node.id)
+
+
+def leaf(op: str, name: str, shape: Sequence[int], dtype: str = "f32", **attrs: Any) -> Tensor:
+    """A named leaf: 'param' or 'input' (one namespace) or 'state' (its own namespace)."""
+    state = current_trace(op)
+    shape = tuple(shape)
+    if dtype not in DTYPES:
+        raise ShapeError(op, f"'{name}': dtype must be one of {DTYPES}, got {dtype!r}")
+    if any(not isinstance(d, int) or d <= 0 for d in shape):
+        raise ShapeError(op, f"'{name}': dims must be positive ints, got {list(shape)}")
+    key = name if op in ("param", "input") else f"state:{name}"
+    if key in state.names:
+        raise TraceError(f"duplicate {op} name '{name}'")
+    state.names.add(key)
+    node = state.graph.add(op, (), {"name": name, **attrs}, shape, dtype, user_call_site())
+    return Tensor(state.graph, node.id)
+
+
+def prng_seed() -> Tensor:
+    """The hidden per-step seed input (0-d i32), created on first use in a graph."""
+    state = current_trace("prng")
+    if state.seed is None:
+        state.seed = leaf("input", PRNG_SEED_INPUT, (), "i32")
+    return state.seed
+
+
+def next_salt() -> int:
+    """Salt for a new stochastic op: how many stochastic ops the graph already has."""
+    state = current_trace("prng")
+    salt = state.stochastic_count
+    state.stochastic_count += 1
+    return salt
+
+
+class Tensor:
+    """A symbolic tensor inside a trace: a shape, a dtype and the node that makes it.
+
+    Python operators build ops: `+ - * / @`, unary `-`, `<`, `>`, `** 2`; Python scalars
+    broadcast on either side."""
+
+    __slots__ = ("graph", "id")
+    __array_priority__ = 1000  # so numpy scalars defer to our reflected operators
+
+    def __init__(self, graph: Graph, node_id: int):
+        self.graph = graph
+        self.id = node_id
+
+    @property
+    def node(self) -> Node:
+        return self.graph[self.id]
+
+    @property
+    def shape(self) -> Shape:
+        return self.graph[self.id].shape
+
+    @property
+    def dtype(self) -> str:
+        return self.graph[self.id].dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return self.graph[self.id].size
+
+    def __repr__(self) -> str:
+        return f"Tensor(%{self.id}, shape={list(self.shape)}, dtype={self.dtype})"
+
+    def __bool__(self) -> bool:
+        raise TypeError("a traced Tensor has no value yet, so it cannot be used as a bool "
+                        "(use tg.where for data-dependent choices)")
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    # Python operators, delegated to the op functions.
+    def __add__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.add(self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.add(other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.sub(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.sub(other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.mul(self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.mul(other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.div(self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.div(other, self)
+
+    def __matmul__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.matmul(other, self)
+
+    def __neg__(self) -> Tensor:
+        from . import ops
+        return ops.neg(self)
+
+    def __lt__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.less(self, other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        from . import ops
+        return ops.greater(self, other)
+
+    def __pow__(self, exponent: Any) -> Tensor:
+        from . import ops
+        if exponent == 2:
+            return ops.square(self)
+        if exponent == 1:
+            return self
+        if exponent == 0.5:
+            return ops.sqrt(self)
+        if exponent == -0.5:
+            return ops.rsqrt(self)
+        raise ShapeError("pow", f"only the exponents 2, 1, 0.5 and -0.5 are supported, "
+                         f"got {exponent!r}")
