@@ -25,7 +25,7 @@ import time
 import tomllib
 import zipfile
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 ROOT = Path(__file__).resolve().parent
 DIST = ROOT / "dist"
@@ -36,9 +36,86 @@ def run(cmd: list[str], **kwargs) -> None:
     subprocess.run(cmd, check=True, **kwargs)
 
 
+# System packages the tests need: the Vulkan loader and Mesa's lavapipe (native WebGPU on a
+# machine without a GPU), Chromium (browser tests; it also ships SwiftShader's Vulkan driver).
+TEST_APT_PACKAGES = ("libvulkan1", "mesa-vulkan-drivers", "chromium")
+
+
+def _apt_missing(packages: tuple[str, ...]) -> list[str]:
+    """The packages `dpkg -s` does not report as installed ([] where there is no dpkg)."""
+    if not shutil.which("dpkg"):
+        return []
+    missing = []
+    for name in packages:
+        out = subprocess.run(["dpkg", "-s", name], check=False, capture_output=True, text=True)
+        if out.returncode != 0 or "Status: install ok installed" not in out.stdout:
+            missing.append(name)
+    return missing
+
+
+def ensure_apt_packages(packages: tuple[str, ...] = TEST_APT_PACKAGES) -> None:
+    """`apt-get install` what is missing, as root; otherwise say what to install."""
+    missing = _apt_missing(packages)
+    if not missing:
+        return
+    command = f"apt-get update && apt-get install -y {' '.join(missing)}"
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        print(f"build.py: missing system packages {', '.join(missing)}: the native GPU and "
+              f"browser tests need them. Install them as root:\n    {command}", flush=True)
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-q"], env=env)
+    run(["apt-get", "install", "-y", "-q", *missing], env=env)
+
+
+def _requirement_met(requirement: str) -> bool:
+    """True when a plain `name` or `name==version` requirement is installed (others: False,
+    so that pip decides)."""
+    import importlib.metadata as md
+    import re
+
+    match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*(?:==\s*([A-Za-z0-9_.\-]+))?\s*", requirement)
+    if not match:
+        return False
+    try:
+        installed = md.version(match[1])
+    except md.PackageNotFoundError:
+        return False
+    return match[2] is None or installed.split("+")[0] == match[2]
+
+
+def _python_test_deps_met() -> bool:
+    """True when tensorgrad is installed editable from this checkout and every requirement
+    of the `test` extra is installed (so `pip install -e .[test]` can be skipped)."""
+    import importlib.metadata as md
+    from urllib.parse import unquote, urlparse
+
+    def editable_here(dist: md.Distribution) -> bool:
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+        url = urlparse(direct.get("url", ""))
+        return (bool(direct.get("dir_info", {}).get("editable")) and url.scheme == "file"
+                and Path(unquote(url.path)).resolve() == ROOT)
+
+    # (an in-tree tensorgrad.egg-info is also a "distribution": look for the installed one)
+    if not any(editable_here(d) for d in md.distributions(name="tensorgrad")):
+        return False
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project.get("dependencies", []),
+                    *project.get("optional-dependencies", {}).get("test", [])]
+    return all(_requirement_met(r) for r in requirements)
+
+
 def install_test_deps() -> None:
-    """Python packages, npm packages and Chromium (apt, when root and missing)."""
-    run([sys.executable, "-m", "pip", "install", "-q", "-e", ".[test]"], cwd=ROOT)
+    """Python packages, npm packages and Chromium (apt, when root and missing).
+
+    Fast when everything is there: dpkg and package metadata are checked before pip or
+    apt-get run."""
+    ensure_apt_packages()
+    if not _python_test_deps_met():
+        run([sys.executable, "-m", "pip", "install", "-q", "-e", ".[test]"], cwd=ROOT)
+    # Hook: npm packages (the Pyodide core) and Chromium for the browser tests.
+    if "install_browser_deps" in globals():
+        install_browser_deps()
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -77,8 +154,9 @@ def _node_modules_fresh() -> bool:
         if not key.startswith("node_modules/"):
             continue
         installed = ROOT / key / "package.json"
-        if not installed.exists() or json.loads(installed.read_text()).get("version") != entry.get(
-                "version"):
+        if not installed.exists():
+            return False
+        if json.loads(installed.read_text()).get("version") != entry.get("version"):
             return False
     return True
 
@@ -188,9 +266,9 @@ def build_web() -> Path:
     shutil.copy2(wheel, tmp / wheel.name)
     if (ROOT / "web").is_dir():
         shutil.copytree(ROOT / "web", tmp, dirs_exist_ok=True)
-    demos = sorted(p.name for p in (ROOT / "demos").iterdir() if p.is_dir()) \
-        if (ROOT / "demos").is_dir() else []
+    demos: list[str] = []
     if (ROOT / "demos").is_dir():
+        demos = sorted(p.name for p in (ROOT / "demos").iterdir() if p.is_dir())
         shutil.copytree(ROOT / "demos", tmp / "demos",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     manifest = {"version": wheel.name.split("-")[1], "pyodide": PYODIDE_VERSION,
@@ -219,6 +297,13 @@ class _WebHandler(http.server.SimpleHTTPRequestHandler):
     def end_headers(self) -> None:
         self.send_header("Cache-Control", "no-cache")
         super().end_headers()
+
+    def send_head(self) -> Any:
+        if self.path == "/favicon.ico":  # browsers ask for it on every page: no console 404
+            self.send_response(204)
+            self.end_headers()
+            return None
+        return super().send_head()
 
     def log_message(self, format: str, *args: object) -> None:
         if not self.quiet:
@@ -267,11 +352,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+_DEMO_FAIL_FAST = """
+const fail = (error) => { window.tgDemo = { done: true, ok: false, error: String(error) }; };
+addEventListener("error", (e) => fail(e.message));
+addEventListener("unhandledrejection", (e) => fail(e.reason?.stack ?? e.reason));
+"""
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Open demos/NAME/ in headless Chromium and print its console until it reports done.
 
     A demo page reports the end by setting `window.tgDemo = {done: true, ok: bool, error?}`;
-    everything it logs to the console is printed here as it comes."""
+    everything it logs to the console is printed here as it comes. An uncaught error or
+    unhandled rejection on the page ends the demo as failed."""
     from playwright.sync_api import sync_playwright
 
     install_browser_deps()
@@ -287,6 +380,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         page = browser.new_page()
         page.on("console", lambda m: print(f"[{m.type}] {m.text}", flush=True))
         page.on("pageerror", lambda e: print(f"[pageerror] {e}", flush=True))
+        page.add_init_script(_DEMO_FAIL_FAST)
         page.goto(url)
         page.wait_for_function("window.tgDemo && window.tgDemo.done", timeout=args.timeout * 1000)
         state = page.evaluate("window.tgDemo")

@@ -9,35 +9,23 @@ Outside Pyodide (CPython), :func:`post` hands ``data`` to the sink set by :func:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["current_request", "from_js", "in_pyodide", "post", "set_sink", "to_js_value"]
+from .gpu import in_pyodide
+
+__all__ = ["current_request", "flat_buffer", "from_js", "in_pyodide", "plain", "post",
+           "set_sink", "to_js_value"]
 
 # The id of the request whose script is running (asyncio tasks inherit it).
 current_request: ContextVar[int | None] = ContextVar("tensorgrad_request", default=None)
 
 _sink: Callable[[Any], None] | None = None
 
-# Python buffer formats → JS typed array constructors.
-_TYPED_ARRAYS = {
-    "f": "Float32Array", "d": "Float64Array", "i": "Int32Array", "I": "Uint32Array",
-    "l": "Int32Array", "L": "Uint32Array", "h": "Int16Array", "H": "Uint16Array",
-    "b": "Int8Array", "B": "Uint8Array", "c": "Uint8Array",
-}
-# JS typed array constructors → Python buffer formats (for memoryview.cast).
-_FORMATS = {
-    "Float32Array": "f", "Float64Array": "d", "Int32Array": "i", "Uint32Array": "I",
-    "Int16Array": "h", "Uint16Array": "H", "Int8Array": "b", "Uint8Array": "B",
-    "Uint8ClampedArray": "B",
-}
-
-
-def in_pyodide() -> bool:
-    """True inside Pyodide (browser main thread or worker)."""
-    return sys.platform == "emscripten"
+# Buffer formats Pyodide turns into typed arrays (Float32Array, Int32Array, ...): item sizes.
+_TYPED_ARRAY_FORMATS = {"f": 4, "d": 8, "i": 4, "I": 4, "l": 4, "L": 4, "h": 2, "H": 2,
+                        "b": 1, "B": 1, "c": 1}
 
 
 def set_sink(sink: Callable[[Any], None] | None) -> None:
@@ -67,6 +55,14 @@ def flat_buffer(data: Any) -> memoryview:
     return mv
 
 
+def _is_js(value: Any) -> bool:
+    if not in_pyodide():
+        return False
+    from pyodide.ffi import JsProxy
+
+    return isinstance(value, JsProxy)
+
+
 def _is_buffer(value: Any) -> bool:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return True
@@ -77,60 +73,54 @@ def _is_buffer(value: Any) -> bool:
     return True
 
 
-def _plain(value: Any) -> Any:
-    """`value` with buffers flattened (they become typed arrays) and containers made plain."""
+def plain(value: Any) -> Any:
+    """`value` made sendable: buffers flattened (they become typed arrays), containers made
+    plain dicts and lists. Raises TypeError for anything the page cannot receive."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if type(value).__module__ == "pyodide.ffi" or type(value).__name__.startswith("Js"):
-        return value  # already a JS value
+    if _is_js(value):
+        return value
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        return value.item()  # a NumPy scalar or 0-d array: a number
     if _is_buffer(value):
         mv = flat_buffer(value)
-        if mv.format.lstrip("@=<") not in _TYPED_ARRAYS:
-            raise TypeError(f"no typed array for buffer format {mv.format!r}")
+        if mv.format == "?":
+            mv = mv.cast("B")  # bools travel as a Uint8Array of 0/1
+        if _TYPED_ARRAY_FORMATS.get(mv.format) != mv.itemsize:
+            raise TypeError(f"no typed array for buffer format {mv.format!r} "
+                            f"({mv.itemsize} bytes per item)")
         return mv
-    if hasattr(value, "item") and callable(value.item):
-        return value.item()  # a NumPy scalar
     raise TypeError(f"cannot send a {type(value).__name__} to the page")
 
 
 def to_js_value(value: Any) -> Any:
     """Convert `value` to JS in one FFI call: dicts → Objects, lists → Arrays, buffers → fresh
     typed arrays (a copy, never a view of the WebAssembly heap). Pyodide only."""
+    import js
     from pyodide.ffi import to_js
 
-    import js
-
-    return to_js(_plain(value), dict_converter=js.Object.fromEntries, create_pyproxies=False)
+    return to_js(plain(value), dict_converter=js.Object.fromEntries, create_pyproxies=False)
 
 
 def from_js(value: Any) -> Any:
-    """Convert a JS value to Python: Objects → dicts, Arrays → lists, typed arrays →
-    memoryviews with their item format ('f' for Float32Array, 'i' for Int32Array, ...)."""
-
-    def convert(obj: Any, recurse: Callable[[Any], Any], cache: Callable[[Any, Any], None]
-                ) -> Any:
-        return obj
-
-    if getattr(value, "typeof", None) is None:
-        return value  # not a JsProxy
-    return _convert(value)
-
-
-def _convert(value: Any) -> Any:
-    kind = getattr(value, "typeof", None)
-    if kind is None or kind != "object":
+    """A JS value (a message) as Python, in one FFI call: Objects → dicts, Arrays → lists,
+    typed arrays → memoryviews (format 'f' for Float32Array, 'i' for Int32Array, ...),
+    null and undefined → None. Non-JS values pass through."""
+    if not _is_js(value):
         return value
-    name = value.constructor.name
-    if name in _FORMATS:
-        return value.to_memoryview().cast("B").cast(_FORMATS[name])
-    if name == "ArrayBuffer":
-        return value.to_memoryview()
-    if name == "Array":
-        return [_convert(v) for v in value]
-    if name == "Object":
-        return {k: _convert(v) for k, v in value.object_entries()}
-    return value
+    from pyodide.ffi import jsnull
+
+    def fix(v: Any) -> Any:
+        if v is jsnull:
+            return None
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v
+
+    return fix(value.to_py())

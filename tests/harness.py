@@ -103,7 +103,7 @@ def build(case: Case, with_grad: bool | None = None) -> Built:
             weights = rng.standard_normal(out.shape).astype(np.float32)
             wt = leaf("input", "__weights", out.shape, "f32")
             from tensorgrad import ops
-            loss_t = ops.sum(ops.mul(out, wt))
+            loss_t = ops.sum_to_shape(ops.mul(out, wt), ())
             values["__weights"] = weights
     g = st.graph
     g.outputs = [out.id] if loss_t is None else [loss_t.id]

@@ -107,9 +107,7 @@ async function start() {
   micropip.destroy();
   const wheelMs = elapsed() - pyodideMs - micropipMs;
 
-  const loop = pyodide.pyimport("tensorgrad.worker");
-  handle = loop.handle;
-  loop.destroy();
+  handle = pyodide.pyimport("tensorgrad.worker").handle;
   const importMs = elapsed() - pyodideMs - micropipMs - wheelMs;
   progress("ready", {
     timings: { pyodideMs, micropipMs, wheelMs, importMs, totalMs: elapsed() },

@@ -214,6 +214,9 @@ class NativeDevice:
         # raises TypeError in wgpu 0.32.0, pygfx/wgpu-py#834), else a 4-byte copy into a
         # MAP_READ "fence" buffer encoded at the end of the submission, then mapped.
         self.use_fence = False
+        # wgpu-py's map_async(READ) first submits an empty command buffer, which blocks while
+        # its poll thread waits on the GPU; the fence's contents are never read, so skip it.
+        self._fence_map_mode: Any = "READ_NOSYNC" if self.backend == "wgpu" else self._map_read
         self._fence_src: Any = None
         self._fences: list[Any] = []
 
@@ -237,7 +240,11 @@ class NativeDevice:
         """Submit; return an awaitable that resolves when this submission is done."""
         self.queue.submit([command_buffer])
         if fence is not None:
-            return fence.map_async(self._map_read, 0, 4)
+            try:
+                return fence.map_async(self._fence_map_mode, 0, 4)
+            except (ValueError, TypeError, KeyError):  # a wgpu-py without "READ_NOSYNC"
+                self._fence_map_mode = self._map_read
+                return fence.map_async(self._map_read, 0, 4)
         return self.queue.on_submitted_work_done_async()
 
     async def _wait(self, done: Any, fence: Any) -> None:
@@ -452,7 +459,7 @@ class NativeDevice:
         if last < 0:
             self.queue.submit([self._encode([], planned)])
         previous: tuple[Any, Any] | None = None
-        for i, ops in enumerate(chunks):
+        for i, ops in enumerate(chunks):  # encoding chunk i overlaps the GPU running i - 1
             # The last submission needs no wait of its own when the read maps follow it.
             wait = i < last or not planned
             fence = self._take_fence() if wait and self.use_fence else None

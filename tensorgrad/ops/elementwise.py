@@ -122,7 +122,8 @@ def _binary(name: str, np_fn: Callable[[Any, Any], Any], expr: str, vjp: Any,
             doc: str = "") -> None:
     define(name, infer=_binary_infer(name, dtypes, out_dtype),
            ref=lambda args, node: np_fn(args[0], args[1]),
-           vjp=vjp, emit=lambda ctx: w.elementwise(ctx, expr), doc=doc)
+           vjp=vjp, emit=lambda ctx: w.elementwise(ctx, expr),
+           doc=doc or f"elementwise {expr} with broadcasting")
 
 
 _binary("add", lambda a, b: a + b, "a0 + a1",

@@ -1,0 +1,303 @@
+"""Param initializers (plain, serializable data) and the seeded generator that realizes them.
+
+Specs: :func:`randn`, :func:`kaiming`, :func:`zeros`, :func:`ones`, :func:`literal`. Each is a
+frozen dataclass with ``to_dict()`` / :func:`from_dict`, so it can cross a worker boundary.
+
+Values come from one Mulberry32 stream (seeded with the trace seed) consumed in param order:
+``randn``/``kaiming`` take two uniforms per element (Box–Muller, cosine branch, ``u1`` clamped
+at 1e-10, computed in double and stored as f32); ``zeros``/``ones``/``literal`` take none.
+This matches the TypeScript library bit for bit. NumPy is optional: without it values come
+back as ``array('f')`` (``array('i')`` for i32 params); with it the same values are computed
+vectorized (Mulberry32 is counter based) and still returned as ``array``, which
+``numpy.asarray`` reads without a copy.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import TYPE_CHECKING, Any
+
+from .errors import ShapeError
+
+if TYPE_CHECKING:
+    from .module import ParamSpec
+
+__all__ = [
+    "InitSpec",
+    "Kaiming",
+    "Literal",
+    "Mulberry32",
+    "Ones",
+    "Randn",
+    "Zeros",
+    "default_decay",
+    "default_fan_in",
+    "from_dict",
+    "generate",
+    "init_params",
+    "kaiming",
+    "literal",
+    "ones",
+    "randn",
+    "random_seed",
+    "zeros",
+]
+
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x6D2B79F5
+U1_MIN = 1e-10
+
+
+# ---- specs -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Randn:
+    """Normal values with standard deviation `scale`."""
+
+    scale: float = 0.02
+    kind = "randn"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "randn", "scale": self.scale}
+
+
+@dataclass(frozen=True)
+class Kaiming:
+    """Normal values with std `gain / sqrt(fan_in)`; the param supplies `fan_in`."""
+
+    gain: float = math.sqrt(2.0)
+    kind = "kaiming"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "kaiming", "gain": self.gain}
+
+
+@dataclass(frozen=True)
+class Zeros:
+    kind = "zeros"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "zeros"}
+
+
+@dataclass(frozen=True)
+class Ones:
+    kind = "ones"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "ones"}
+
+
+@dataclass(frozen=True)
+class Literal:
+    """Exactly these values (row-major); the count must equal the param's element count."""
+
+    values: tuple[float, ...]
+    kind = "literal"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "literal", "values": list(self.values)}
+
+
+InitSpec = Randn | Kaiming | Zeros | Ones | Literal
+DEFAULT = Randn()  # the init of a param declared without one
+
+
+def randn(scale: float = 0.02) -> Randn:
+    """Normal init with std `scale` (the default for every weight)."""
+    return Randn(float(scale))
+
+
+def kaiming(gain: float = math.sqrt(2.0)) -> Kaiming:
+    """Normal init with std `gain / sqrt(fan_in)` (fan_in: Linear `in`, Conv2d `in/g·kH·kW`)."""
+    return Kaiming(float(gain))
+
+
+def zeros() -> Zeros:
+    return Zeros()
+
+
+def ones() -> Ones:
+    return Ones()
+
+
+def literal(values: Iterable[float]) -> Literal:
+    """Init from given values (any flat iterable or array; nested lists are flattened)."""
+    if hasattr(values, "tolist"):  # numpy arrays, without importing numpy
+        values = values.tolist()  # type: ignore[union-attr]
+    return Literal(tuple(float(v) for v in _flatten(values)))
+
+
+def _flatten(values: Any) -> Iterable[Any]:
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flatten(v)
+        else:
+            yield v
+
+
+_KINDS = {"randn": Randn, "kaiming": Kaiming, "zeros": Zeros, "ones": Ones,
+          "literal": Literal}
+
+
+def from_dict(data: Mapping[str, Any]) -> InitSpec:
+    """The spec that `spec.to_dict()` describes."""
+    kind = data.get("kind")
+    if kind not in _KINDS:
+        raise ValueError(f"init.from_dict: unknown init kind {kind!r} "
+                         f"(known: {', '.join(_KINDS)})")
+    if kind == "randn":
+        return Randn(float(data.get("scale", 0.02)))
+    if kind == "kaiming":
+        return Kaiming(float(data.get("gain", math.sqrt(2.0))))
+    if kind == "literal":
+        return Literal(tuple(float(v) for v in data["values"]))
+    return _KINDS[kind]()
+
+
+def default_decay(spec: InitSpec) -> bool:
+    """Weight decay unless said otherwise: on for randn/kaiming/literal, off for zeros/ones."""
+    return not isinstance(spec, (Zeros, Ones))
+
+
+def default_fan_in(shape: Sequence[int]) -> int:
+    """Fan-in when a param does not declare one.
+
+    rank 0: 1; rank 1 and 2: ``shape[0]`` (weights are ``[in, out]``, as in Linear);
+    rank ≥ 3: ``prod(shape[1:])`` (convolution layout ``[out, in/groups, *kernel]``)."""
+    if not shape:
+        return 1
+    if len(shape) <= 2:
+        return int(shape[0])
+    return int(prod(shape[1:]))
+
+
+def check_spec(spec: Any, shape: Sequence[int], dtype: str, name: str = "param") -> None:
+    """Raise ShapeError if `spec` cannot initialize a param of `shape`/`dtype`."""
+    if not isinstance(spec, (Randn, Kaiming, Zeros, Ones, Literal)):
+        raise ShapeError(name, f"init must be an init spec (tg.init.randn(), kaiming(), "
+                         f"zeros(), ones(), literal(values)), got {spec!r}")
+    numel = prod(shape)
+    if isinstance(spec, Literal) and len(spec.values) != numel:
+        raise ShapeError(name, f"init.literal has {len(spec.values)} values but the param "
+                         f"shape {list(shape)} has {numel} elements")
+    if dtype != "f32" and isinstance(spec, (Randn, Kaiming)):
+        raise ShapeError(name, f"init.{spec.kind} makes floats but the param dtype is "
+                         f"{dtype}; use init.zeros(), ones() or literal(values)")
+
+
+# ---- the generator ---------------------------------------------------------------------
+
+def _mix(t: int) -> int:
+    """Mulberry32's output mix of one 32-bit state value (as an unsigned int)."""
+    t = ((t ^ (t >> 15)) * (t | 1)) & MASK32
+    t ^= (t + (((t ^ (t >> 7)) * (t | 61)) & MASK32)) & MASK32
+    return (t ^ (t >> 14)) & MASK32
+
+
+class Mulberry32:
+    """The 32-bit Mulberry32 generator: uniforms in [0, 1), identical to the JS version.
+
+    The state advances by a constant, so the k-th draw is a pure function of (seed, k);
+    :meth:`uniforms` uses that to compute many draws at once with NumPy when available."""
+
+    def __init__(self, seed: int):
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"Mulberry32 seed must be an int, got {seed!r}")
+        self.state = seed & MASK32
+
+    def next_u32(self) -> int:
+        self.state = (self.state + GOLDEN) & MASK32
+        return _mix(self.state)
+
+    def random(self) -> float:
+        """One uniform in [0, 1)."""
+        return self.next_u32() / 4294967296.0
+
+    def uniforms(self, n: int) -> Any:
+        """The next `n` uniforms: a float64 NumPy array, or a list without NumPy."""
+        np = _numpy()
+        if np is None:
+            return [self.random() for _ in range(n)]
+        k = np.arange(1, n + 1, dtype=np.uint32)
+        with np.errstate(over="ignore"):  # uint32 arithmetic wraps mod 2**32, as in JS
+            t = k * np.uint32(GOLDEN)
+            t += np.uint32(self.state)
+            t = (t ^ (t >> np.uint32(15))) * (t | np.uint32(1))
+            t = t ^ (t + (t ^ (t >> np.uint32(7))) * (t | np.uint32(61)))
+            t = t ^ (t >> np.uint32(14))
+        self.state = (self.state + n * GOLDEN) & MASK32
+        return t.astype(np.float64) / 4294967296.0
+
+    def normals(self, n: int, std: float) -> array:
+        """`n` Box–Muller samples times `std`, as f32 (two uniforms per sample)."""
+        np = _numpy()
+        u = self.uniforms(2 * n)
+        if np is None:
+            out = array("f", bytes(4 * n))
+            for i in range(n):
+                u1 = max(U1_MIN, u[2 * i])
+                z = math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u[2 * i + 1])
+                out[i] = z * std
+            return out
+        u1 = np.maximum(U1_MIN, u[0::2])
+        z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u[1::2])
+        return array("f", (z * std).astype(np.float32).tobytes())
+
+
+def _numpy() -> Any:
+    if not USE_NUMPY:
+        return None
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
+USE_NUMPY = True  # tests flip this to exercise the pure-Python path
+
+
+def random_seed() -> int:
+    """A fresh 32-bit seed."""
+    return secrets.randbits(32)
+
+
+def generate(spec: InitSpec, shape: Sequence[int], rng: Mulberry32, *, fan_in: int | None = None,
+             dtype: str = "f32", name: str = "param") -> array:
+    """Initial values of one param (flat, row-major), drawing from `rng` as the spec needs."""
+    check_spec(spec, shape, dtype, name)
+    n = prod(shape)
+    code = "f" if dtype == "f32" else "i"
+    if isinstance(spec, Zeros):
+        return array(code, bytes(4 * n))
+    if isinstance(spec, Ones):
+        return array(code, [1] * n)
+    if isinstance(spec, Literal):
+        if code == "i":
+            return array("i", (int(v) for v in spec.values))
+        return array("f", spec.values)
+    if isinstance(spec, Randn):
+        return rng.normals(n, spec.scale)
+    fan = default_fan_in(shape) if fan_in is None else fan_in
+    if fan <= 0:
+        raise ShapeError(name, f"kaiming init needs a positive fan_in, got {fan}")
+    return rng.normals(n, spec.gain / math.sqrt(fan))
+
+
+def init_params(specs: Mapping[str, ParamSpec] | Iterable[ParamSpec], seed: int
+                ) -> dict[str, array]:
+    """Initial values for every param, in order, from one Mulberry32(seed) stream.
+
+    `specs`: ParamSpecs (e.g. `model.named_params()` or a trace's `params`). Returns
+    {name: flat array('f') (array('i') for i32 params)}; `numpy.asarray(v).reshape(shape)`
+    gives an ndarray view."""
+    items = specs.values() if isinstance(specs, Mapping) else specs
+    rng = Mulberry32(seed)
+    return {p.name: generate(p.init, p.shape, rng, fan_in=p.fan_in, dtype=p.dtype, name=p.name)
+            for p in items}

@@ -1,0 +1,258 @@
+"""`Module`: a container of params and child modules with stable dotted names.
+
+Declare params in ``__init__`` with ``self.param(shape, ...)`` (it returns a placeholder) and
+keep child modules as attributes, or inside lists, tuples and dicts. Names are dotted paths:
+``blocks.0.attn.q.W``.
+
+Order. Params are visited depth first, in attribute definition order (the order attributes
+were first assigned, i.e. ``vars(module)``), lists and tuples by index, dicts in insertion
+order. That order is ``param_names()``, the order the init generator is consumed and the order
+of upload/download records. A param or module reachable twice (weight tying) is visited once,
+under its first name.
+
+Tracing never touches the user's object: :func:`materialize` clones the module tree and puts
+a ``param`` leaf tensor where each placeholder was, on the clone only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+from . import init as _init
+from .errors import ShapeError, TraceError, user_call_site
+from .tensor import Tensor, is_tracing, leaf
+
+__all__ = ["Module", "Param", "ParamSpec", "materialize"]
+
+PARAM_DTYPES = ("f32", "i32")
+
+
+@dataclass(frozen=True, eq=False)
+class Param:
+    """A param placeholder (compared by identity): what `Module.param` returns.
+
+    It becomes a `param` leaf Tensor on the traced clone; using it as a tensor outside of a
+    trace is an error."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    init: _init.InitSpec
+    decay: bool
+    fan_in: int
+
+    def __repr__(self) -> str:
+        return (f"Param(shape={list(self.shape)}, dtype={self.dtype}, init={self.init!r}, "
+                f"decay={self.decay})")
+
+    def _misuse(self, *_: Any) -> Any:
+        raise TraceError(f"{self!r} is a param placeholder, not a tensor: params become "
+                         "tensors only inside tg.trace / tg.compile (use the module passed to "
+                         "your loss/forward function, not the original one)")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _misuse
+    __truediv__ = __rtruediv__ = __matmul__ = __rmatmul__ = __neg__ = _misuse
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A named param: shape, dtype, init spec, weight-decay flag and fan-in. Plain data."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "f32"
+    init: _init.InitSpec = _init.DEFAULT
+    decay: bool = True
+    fan_in: int = 1
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "init": self.init.to_dict(), "decay": self.decay, "fan_in": self.fan_in}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> ParamSpec:
+        return ParamSpec(str(data["name"]), tuple(int(d) for d in data["shape"]),
+                         str(data.get("dtype", "f32")), _init.from_dict(data["init"]),
+                         bool(data["decay"]), int(data.get("fan_in", 1)))
+
+
+class Module:
+    """Base class of models and layers. Subclasses set params and children in `__init__`
+    (no `super().__init__()` needed) and compute in `forward`; `layer(x)` calls `forward`."""
+
+    def param(self, shape: Sequence[int], init: _init.InitSpec | None = None,
+              decay: bool | None = None, dtype: str = "f32",
+              fan_in: int | None = None) -> Param:
+        """Declare a param (call in `__init__`, assign the result to an attribute).
+
+        init: an init spec (default `init.randn(0.02)`); decay: weight decay flag (default:
+        on unless init is zeros/ones); fan_in: for `init.kaiming` (default
+        `init.default_fan_in(shape)`: `shape[0]` up to rank 2, `prod(shape[1:])` above)."""
+        where = type(self).__name__
+        if is_tracing():
+            site = user_call_site()
+            raise TraceError(
+                f"{where}.param({_fmt_shape(shape)}) was called while tracing: params must be "
+                f"declared in __init__, not created inside forward/loss (build the module, "
+                f"and any sub-module, before calling tg.trace / tg.compile)"
+                + (f"\n  at {site.splitlines()[0]}" if site else ""))
+        op = f"{where}.param"
+        if isinstance(shape, int):
+            shape = (shape,)
+        try:
+            shape = tuple(shape)
+        except TypeError:
+            raise ShapeError(op, f"shape must be a sequence of positive ints, got {shape!r}")
+        if any(not isinstance(d, int) or isinstance(d, bool) or d <= 0 for d in shape):
+            raise ShapeError(op, f"shape must be a sequence of positive ints, got {list(shape)}")
+        if dtype not in PARAM_DTYPES:
+            raise ShapeError(op, f"dtype must be one of {PARAM_DTYPES}, got {dtype!r}")
+        spec = _init.DEFAULT if init is None else init
+        _init.check_spec(spec, shape, dtype, op)
+        if decay is not None and not isinstance(decay, bool):
+            raise ShapeError(op, f"decay must be True, False or None, got {decay!r}")
+        if fan_in is None:
+            fan_in = _init.default_fan_in(shape)
+        elif isinstance(fan_in, bool) or not isinstance(fan_in, int) or fan_in <= 0:
+            raise ShapeError(op, f"fan_in must be a positive int, got {fan_in!r}")
+        return Param(shape, dtype, spec, _init.default_decay(spec) if decay is None else decay,
+                     fan_in)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not define forward()")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def named_params(self) -> dict[str, ParamSpec]:
+        """{dotted name: ParamSpec} in traversal order (see the module docstring)."""
+        return {name: _spec(name, p) for name, p in _params(self)}
+
+    def param_names(self) -> list[str]:
+        return [name for name, _ in _params(self)]
+
+    def init_params(self, seed: int) -> dict[str, Any]:
+        """Initial values ({name: flat array}) as a trace with this seed would produce."""
+        return _init.init_params(self.named_params(), seed)
+
+    def __repr__(self) -> str:
+        children = [f"{k}={type(v).__name__}" for k, v in vars(self).items()
+                    if isinstance(v, Module)]
+        return f"{type(self).__name__}({', '.join(children)})"
+
+
+def _fmt_shape(shape: Any) -> str:
+    try:
+        return str(list(shape))
+    except TypeError:
+        return repr(shape)
+
+
+def _spec(name: str, p: Param) -> ParamSpec:
+    return ParamSpec(name, p.shape, p.dtype, p.init, p.decay, p.fan_in)
+
+
+def _children(obj: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, Module):
+        yield from vars(obj).items()
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield str(i), v
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield str(k), v
+
+
+def _holds_params(obj: Any) -> bool:
+    return isinstance(obj, (Param, Module)) or (
+        isinstance(obj, (list, tuple, dict)) and any(_holds_params(v) for _, v in _children(obj)))
+
+
+def _params(root: Module) -> list[tuple[str, Param]]:
+    out: list[tuple[str, Param]] = []
+    seen: set[int] = set()
+
+    def walk(obj: Any, prefix: str) -> None:
+        if id(obj) in seen:
+            return
+        if isinstance(obj, Param):
+            seen.add(id(obj))
+            out.append((prefix, obj))
+            return
+        if isinstance(obj, Module):
+            seen.add(id(obj))
+        for key, value in _children(obj):
+            if isinstance(value, (Param, Module, list, tuple, dict)):
+                walk(value, f"{prefix}.{key}" if prefix else key)
+
+    walk(root, "")
+    return out
+
+
+def _clone(obj: Any, prefix: str, memo: dict[int, Any],
+           on_param: Callable[[str, Param], Any]) -> Any:
+    """Copy of the module tree under `obj`, with each Param replaced by `on_param(name, p)`.
+
+    Modules become fresh instances of the same class (attributes copied, children cloned);
+    lists/tuples/dicts holding params or modules are rebuilt; everything else is shared."""
+    if id(obj) in memo:
+        return memo[id(obj)]
+    if isinstance(obj, Param):
+        new = on_param(prefix, obj)
+        memo[id(obj)] = new
+        return new
+
+    def sub(key: str, value: Any) -> Any:
+        if not _holds_params(value):
+            return value
+        return _clone(value, f"{prefix}.{key}" if prefix else key, memo, on_param)
+
+    if isinstance(obj, Module):
+        new = object.__new__(type(obj))
+        memo[id(obj)] = new
+        for key, value in vars(obj).items():
+            object.__setattr__(new, key, sub(key, value))
+        return new
+    if isinstance(obj, list):
+        new_list: list[Any] = []
+        memo[id(obj)] = new_list
+        new_list.extend(sub(str(i), v) for i, v in enumerate(obj))
+        return new_list
+    if isinstance(obj, tuple):
+        items = [sub(str(i), v) for i, v in enumerate(obj)]
+        new_t = type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+        memo[id(obj)] = new_t
+        return new_t
+    if isinstance(obj, dict):
+        new_d = type(obj)() if type(obj) is not dict else {}
+        memo[id(obj)] = new_d
+        for k, v in obj.items():
+            new_d[k] = sub(str(k), v)
+        return new_d
+    return obj
+
+
+def clone(model: Module) -> Module:
+    """A structural copy of `model` sharing its placeholders (the original is untouched)."""
+    return _clone(model, "", {}, lambda name, p: p)
+
+
+def materialize(model: Module) -> tuple[Module, dict[str, ParamSpec], dict[str, Tensor]]:
+    """Inside a trace: clone `model`, creating one `param` leaf per placeholder, in order.
+
+    Returns (clone, {name: ParamSpec}, {name: Tensor})."""
+    if not isinstance(model, Module):
+        raise TraceError(f"the model must be a tg.Module instance, got {type(model).__name__}")
+    order = _params(model)
+    names = {id(p): name for name, p in order}
+    specs = {name: _spec(name, p) for name, p in order}
+    tensors: dict[str, Tensor] = {name: leaf("param", name, p.shape, p.dtype)
+                                  for name, p in order}
+    copy = _clone(model, "", {}, lambda _name, p: tensors[names[id(p)]])
+    return copy, specs, tensors

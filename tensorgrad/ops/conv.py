@@ -1,0 +1,510 @@
+"""2-D convolution, max pooling and nearest upsampling (NCHW).
+
+Primitives: `conv2d` with its backward ops `conv2d_input_grad` and `conv2d_weight_grad`,
+`max_pool2d` with `max_pool2d_grad`. Output sizes follow `floor((in + 2 pad - k) / stride) + 1`.
+Padding is zeros for convolution; for pooling padded cells never win, ties go to the first
+cell of the row-major window scan, and the backward recomputes that scan (no stored indices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorgrad.codegen.wgsl as w
+
+from ..codegen.kernel import EmitContext, Kernel
+from ..errors import ShapeError
+from ..ir import Node, Shape
+from ..tensor import Tensor, record
+from .registry import GRAD_ERROR, define, public
+from .rules import require_dtype
+
+Pair = tuple[int, int]
+IntOrPair = int | Sequence[int]
+
+# The weight gradient uses one workgroup per weight element when there are few weights and
+# a long reduction over batch and output pixels.
+WEIGHT_GRAD_WG_MAX_WEIGHTS = 32_768
+WEIGHT_GRAD_WG_MIN_LENGTH = 256
+POOL_INIT = -3.4e38
+
+
+def _np():
+    import numpy as np
+    return np
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _pair(op: str, name: str, v: IntOrPair) -> Pair:
+    if _is_int(v):
+        return (v, v)  # type: ignore[return-value]
+    if isinstance(v, Sequence) and len(v) == 2 and all(_is_int(x) for x in v):
+        return (v[0], v[1])
+    raise ShapeError(op, f"{name} must be an int or a pair of ints (h, w), got {v!r}")
+
+
+def _out_size(op: str, what: str, size: int, k: int, stride: int, pad: int) -> int:
+    out = (size + 2 * pad - k) // stride + 1
+    if out < 1:
+        raise ShapeError(op, f"output {what} would be {out} (input {size}, kernel {k}, "
+                         f"stride {stride}, padding {pad}); it must be >= 1")
+    return out
+
+
+def _check_window(op: str, kernel: Pair, stride: Pair, pad: Pair) -> None:
+    if min(kernel) < 1:
+        raise ShapeError(op, f"kernel size must be >= 1, got {list(kernel)}")
+    if min(stride) < 1:
+        raise ShapeError(op, f"stride must be >= 1, got {list(stride)}")
+    if min(pad) < 0:
+        raise ShapeError(op, f"padding must be >= 0, got {list(pad)}")
+
+
+def _require_rank4(op: str, node: Node, what: str, layout: str) -> None:
+    if len(node.shape) != 4:
+        raise ShapeError(op, f"{what} must be rank 4 {layout}, got shape {list(node.shape)}")
+
+
+def _conv_geometry(op: str, x: Shape, w_shape: Shape, stride: Pair, pad: Pair,
+                   groups: int) -> tuple[int, int]:
+    """Checks a convolution's shapes; returns (Hout, Wout)."""
+    cin, cout, cig = x[1], w_shape[0], w_shape[1]
+    if not _is_int(groups) or groups < 1:
+        raise ShapeError(op, f"groups must be a positive int, got {groups!r}")
+    if cin % groups or cout % groups:
+        raise ShapeError(op, f"groups={groups} must divide the input channels ({cin}, x "
+                         f"{list(x)}) and the output channels ({cout}, w {list(w_shape)})")
+    if cin // groups != cig:
+        raise ShapeError(op, f"weight {list(w_shape)} expects {cig} input channels per group "
+                         f"but x {list(x)} has {cin} channels / {groups} groups = "
+                         f"{cin // groups}")
+    kernel = (w_shape[2], w_shape[3])
+    _check_window(op, kernel, stride, pad)
+    return (_out_size(op, "height", x[2], kernel[0], stride[0], pad[0]),
+            _out_size(op, "width", x[3], kernel[1], stride[1], pad[1]))
+
+
+# ---- shape rules -----------------------------------------------------------------------
+
+def _infer_conv2d(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    x, wt = inputs
+    require_dtype("conv2d", x, "f32", what="input")
+    require_dtype("conv2d", wt, "f32", what="weight")
+    _require_rank4("conv2d", x, "input", "[B, Cin, H, W]")
+    _require_rank4("conv2d", wt, "weight", "[Cout, Cin/groups, kH, kW]")
+    ho, wo = _conv_geometry("conv2d", x.shape, wt.shape, attrs["stride"], attrs["padding"],
+                            attrs["groups"])
+    return (x.shape[0], wt.shape[0], ho, wo), "f32"
+
+
+def _infer_conv2d_input_grad(inputs: Sequence[Node], attrs: dict[str, Any]
+                             ) -> tuple[Shape, str]:
+    wt, dy = inputs
+    g = attrs["groups"]
+    h, wd = attrs["in_hw"]
+    x_shape = (dy.shape[0], wt.shape[1] * g, h, wd)
+    out = _conv_geometry("conv2d_input_grad", x_shape, wt.shape, attrs["stride"],
+                         attrs["padding"], g)
+    if dy.shape != (x_shape[0], wt.shape[0], *out):
+        raise ShapeError("conv2d_input_grad", f"dy {list(dy.shape)} does not match the "
+                         f"output [{x_shape[0]}, {wt.shape[0]}, {out[0]}, {out[1]}]")
+    return x_shape, "f32"
+
+
+def _infer_conv2d_weight_grad(inputs: Sequence[Node], attrs: dict[str, Any]
+                              ) -> tuple[Shape, str]:
+    x, dy = inputs
+    g = attrs["groups"]
+    kh, kw = attrs["kernel"]
+    w_shape = (dy.shape[1], x.shape[1] // g, kh, kw)
+    out = _conv_geometry("conv2d_weight_grad", x.shape, w_shape, attrs["stride"],
+                         attrs["padding"], g)
+    if dy.shape != (x.shape[0], w_shape[0], *out):
+        raise ShapeError("conv2d_weight_grad", f"dy {list(dy.shape)} does not match the "
+                         f"output [{x.shape[0]}, {w_shape[0]}, {out[0]}, {out[1]}]")
+    return w_shape, "f32"
+
+
+def _pool_geometry(op: str, x: Shape, attrs: dict[str, Any]) -> tuple[int, int]:
+    kernel, stride, pad = attrs["kernel"], attrs["stride"], attrs["padding"]
+    _check_window(op, kernel, stride, pad)
+    return (_out_size(op, "height", x[2], kernel[0], stride[0], pad[0]),
+            _out_size(op, "width", x[3], kernel[1], stride[1], pad[1]))
+
+
+def _infer_max_pool2d(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    (x,) = inputs
+    require_dtype("max_pool2d", x, "f32")
+    _require_rank4("max_pool2d", x, "input", "[B, C, H, W]")
+    return (*x.shape[:2], *_pool_geometry("max_pool2d", x.shape, attrs)), "f32"
+
+
+def _infer_max_pool2d_grad(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    x, dy = inputs
+    out = (*x.shape[:2], *_pool_geometry("max_pool2d_grad", x.shape, attrs))
+    if dy.shape != out:
+        raise ShapeError("max_pool2d_grad", f"dy {list(dy.shape)} does not match the pooled "
+                         f"shape {list(out)} of x {list(x.shape)}")
+    return x.shape, "f32"
+
+
+# ---- reference semantics (NumPy, any float dtype) ---------------------------------------
+
+def _windows(xp: Any, i: int, j: int, out_hw: Pair, stride: Pair) -> Any:
+    """The [.., Ho, Wo] view of padded `xp` read by kernel tap (i, j)."""
+    (ho, wo), (sh, sw) = out_hw, stride
+    return xp[..., i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]
+
+
+def _pad(x: Any, pad: Pair, value: float = 0.0) -> Any:
+    ph, pw = pad
+    return _np().pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=value)
+
+
+def _grouped(t: Any, groups: int) -> Any:
+    """[B, C, H, W] -> [B, G, C/G, H, W]."""
+    return t.reshape(t.shape[0], groups, t.shape[1] // groups, *t.shape[2:])
+
+
+def _ref_conv2d(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    x, wt = args
+    at, g = node.attrs, node.attrs["groups"]
+    xg = _grouped(_pad(x, at["padding"]), g)
+    wg = wt.reshape(g, wt.shape[0] // g, *wt.shape[1:])        # [G, Cout/G, Cin/G, kH, kW]
+    out = np.zeros((x.shape[0], g, wg.shape[1], *node.shape[2:]), np.result_type(x, wt))
+    for i in range(wt.shape[2]):
+        for j in range(wt.shape[3]):
+            patch = _windows(xg, i, j, node.shape[2:], at["stride"])
+            out += np.einsum("bgchw,goc->bgohw", patch, wg[..., i, j])
+    return out.reshape(node.shape)
+
+
+def _ref_conv2d_input_grad(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    wt, dy = args
+    at, g = node.attrs, node.attrs["groups"]
+    (ph, pw), (h, wd) = at["padding"], at["in_hw"]
+    wg = wt.reshape(g, wt.shape[0] // g, *wt.shape[1:])
+    dyg = _grouped(dy, g)
+    b, cin = node.shape[:2]
+    dxp = np.zeros((b, g, cin // g, h + 2 * ph, wd + 2 * pw), np.result_type(wt, dy))
+    for i in range(wt.shape[2]):
+        for j in range(wt.shape[3]):
+            _windows(dxp, i, j, dy.shape[2:], at["stride"])[...] += np.einsum(
+                "bgohw,goc->bgchw", dyg, wg[..., i, j])
+    return dxp[..., ph:ph + h, pw:pw + wd].reshape(node.shape)
+
+
+def _ref_conv2d_weight_grad(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    x, dy = args
+    at, g = node.attrs, node.attrs["groups"]
+    xg = _grouped(_pad(x, at["padding"]), g)
+    dyg = _grouped(dy, g)
+    cout, cig, kh, kw = node.shape
+    dw = np.zeros((g, cout // g, cig, kh, kw), np.result_type(x, dy))
+    for i in range(kh):
+        for j in range(kw):
+            patch = _windows(xg, i, j, dy.shape[2:], at["stride"])
+            dw[..., i, j] = np.einsum("bgchw,bgohw->goc", patch, dyg)
+    return dw.reshape(node.shape)
+
+
+def _pool_scan(x: Any, attrs: dict[str, Any], out_hw: Pair) -> tuple[Any, Any]:
+    """(max, winning tap index i*kW + j or -1) of every window, scanning taps row-major."""
+    np = _np()
+    xp = _pad(x, attrs["padding"], -np.inf)
+    kh, kw = attrs["kernel"]
+    best = np.full((*x.shape[:2], *out_hw), POOL_INIT, dtype=x.dtype)
+    arg = np.full(best.shape, -1, dtype=np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            v = _windows(xp, i, j, out_hw, attrs["stride"])
+            wins = v > best
+            best = np.where(wins, v, best)
+            arg = np.where(wins, i * kw + j, arg)
+    return best, arg
+
+
+def _ref_max_pool2d(args: Sequence[Any], node: Node) -> Any:
+    return _pool_scan(args[0], node.attrs, node.shape[2:])[0]
+
+
+def _ref_max_pool2d_grad(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    x, dy = args
+    at = node.attrs
+    _, arg = _pool_scan(x, at, dy.shape[2:])
+    (ph, pw), (kh, kw) = at["padding"], at["kernel"]
+    dxp = np.zeros(_pad(x, at["padding"]).shape, dtype=np.result_type(x, dy))
+    for i in range(kh):
+        for j in range(kw):
+            _windows(dxp, i, j, dy.shape[2:], at["stride"])[...] += np.where(
+                arg == i * kw + j, dy, 0)
+    return dxp[..., ph:ph + x.shape[2], pw:pw + x.shape[3]]
+
+
+# ---- kernels ---------------------------------------------------------------------------
+
+def _split(var: str, names: Sequence[str], dims: Sequence[int]) -> str:
+    """WGSL lines decomposing flat index `var` row-major over `dims` into `names`."""
+    lines, rest = [], var
+    for k in range(len(dims) - 1, 0, -1):
+        lines.append(f"  let {names[k]} = {rest} % {w.u(dims[k])};")
+        lines.append(f"  let {names[k]}_r = {rest} / {w.u(dims[k])};")
+        rest = f"{names[k]}_r"
+    lines.append(f"  let {names[0]} = {rest};")
+    return "\n".join(lines)
+
+
+def _tap(coord: str, out: str, k: str, stride: int, pad: int, size: int) -> str:
+    """WGSL: `let {coord} = out*stride + k - pad` as i32, then skip when out of [0, size)."""
+    return (f"let {coord} = i32({out} * {w.u(stride)} + {k}) - {pad}i;\n"
+            f"      if ({coord} < 0i || {coord} >= {size}i) {{ continue; }}")
+
+
+def _emit_conv2d(ctx: EmitContext) -> Kernel:
+    x, wt = ctx.inputs
+    b, cout, ho, wo = ctx.node.shape
+    _, cin, h, wd = x.shape
+    _, cig, kh, kw = wt.shape
+    (sh, sw), (ph, pw) = ctx.node.attrs["stride"], ctx.node.attrs["padding"]
+    cog = cout // ctx.node.attrs["groups"]
+    body = f"""{_split("i", ["bi", "co", "oh", "ow"], [b, cout, ho, wo])}
+  let cbase = (bi * {w.u(cin)} + (co / {w.u(cog)}) * {w.u(cig)}) * {w.u(h * wd)};
+  var acc = 0.0f;
+  for (var c = 0u; c < {w.u(cig)}; c = c + 1u) {{
+    let xc = cbase + c * {w.u(h * wd)};
+    let wc = (co * {w.u(cig)} + c) * {w.u(kh * kw)};
+    for (var ki = 0u; ki < {w.u(kh)}; ki = ki + 1u) {{
+      {_tap("hi", "oh", "ki", sh, ph, h)}
+      for (var kj = 0u; kj < {w.u(kw)}; kj = kj + 1u) {{
+      {_tap("wi", "ow", "kj", sw, pw, wd)}
+        acc = fma(in0[xc + u32(hi) * {w.u(wd)} + u32(wi)], in1[wc + ki * {w.u(kw)} + kj], acc);
+      }}
+    }}
+  }}
+  out[i] = acc;"""
+    return w.thread_kernel(ctx, body)
+
+
+def _source(coord: str, pos: str, k: str, stride: int, pad: int, size: int) -> str:
+    """WGSL: the output position `coord` whose window puts tap `k` on input position `pos`
+    (skip when there is none)."""
+    lines = [f"let {coord}_n = i32({pos}) + {pad}i - i32({k});",
+             f"if ({coord}_n < 0i) {{ continue; }}"]
+    if stride > 1:
+        lines.append(f"if ({coord}_n % {stride}i != 0i) {{ continue; }}")
+    lines.append(f"let {coord} = u32({coord}_n) / {w.u(stride)};")
+    lines.append(f"if ({coord} >= {w.u(size)}) {{ continue; }}")
+    return "\n        ".join(lines)
+
+
+def _emit_conv2d_input_grad(ctx: EmitContext) -> Kernel:
+    wt, dy = ctx.inputs
+    b, cin, h, wd = ctx.node.shape
+    cout, cig, kh, kw = wt.shape
+    _, _, ho, wo = dy.shape
+    (sh, sw), (ph, pw) = ctx.node.attrs["stride"], ctx.node.attrs["padding"]
+    cog = cout // ctx.node.attrs["groups"]
+    body = f"""{_split("i", ["bi", "ci", "ih", "iw"], [b, cin, h, wd])}
+  let co0 = (ci / {w.u(cig)}) * {w.u(cog)};
+  let cl = ci % {w.u(cig)};
+  var acc = 0.0f;
+  for (var o = 0u; o < {w.u(cog)}; o = o + 1u) {{
+    let co = co0 + o;
+    let wc = (co * {w.u(cig)} + cl) * {w.u(kh * kw)};
+    let dc = (bi * {w.u(cout)} + co) * {w.u(ho * wo)};
+    for (var ki = 0u; ki < {w.u(kh)}; ki = ki + 1u) {{
+        {_source("oh", "ih", "ki", sh, ph, ho)}
+      for (var kj = 0u; kj < {w.u(kw)}; kj = kj + 1u) {{
+        {_source("ow", "iw", "kj", sw, pw, wo)}
+        acc = fma(in0[wc + ki * {w.u(kw)} + kj], in1[dc + oh * {w.u(wo)} + ow], acc);
+      }}
+    }}
+  }}
+  out[i] = acc;"""
+    return w.thread_kernel(ctx, body)
+
+
+def _emit_conv2d_weight_grad(ctx: EmitContext) -> Kernel:
+    x, dy = ctx.inputs
+    cout, cig, kh, kw = ctx.node.shape
+    b, cin, h, wd = x.shape
+    _, _, ho, wo = dy.shape
+    (sh, sw), (ph, pw) = ctx.node.attrs["stride"], ctx.node.attrs["padding"]
+    cog = cout // ctx.node.attrs["groups"]
+    length = b * ho * wo
+    weights = ctx.node.size
+    use_wg = weights < WEIGHT_GRAD_WG_MAX_WEIGHTS and length >= WEIGHT_GRAD_WG_MIN_LENGTH
+    o = "g" if use_wg else "i"
+    head = f"""{_split(o, ["co", "cl", "ki", "kj"], [cout, cig, kh, kw])}
+  let xc = ((co / {w.u(cog)}) * {w.u(cig)} + cl) * {w.u(h * wd)};"""
+    step = f"""    let ow = r % {w.u(wo)};
+    let r1 = r / {w.u(wo)};
+    let oh = r1 % {w.u(ho)};
+    let bi = r1 / {w.u(ho)};
+    let ih = i32(oh * {w.u(sh)} + ki) - {ph}i;
+    let iw = i32(ow * {w.u(sw)} + kj) - {pw}i;
+    if (ih >= 0i && ih < {h}i && iw >= 0i && iw < {wd}i) {{
+      acc = fma(in0[bi * {w.u(cin * h * wd)} + xc + u32(ih) * {w.u(wd)} + u32(iw)],
+                in1[(bi * {w.u(cout)} + co) * {w.u(ho * wo)} + oh * {w.u(wo)} + ow], acc);
+    }}"""
+    if use_wg:
+        body = f"""{head}
+  var acc = 0.0f;
+  for (var r = lid; r < {w.u(length)}; r = r + {w.u(w.WG)}) {{
+{step}
+  }}
+  scratch[lid] = acc;
+  workgroupBarrier();
+  for (var s = {w.u(w.WG // 2)}; s > 0u; s = s >> 1u) {{
+    if (lid < s) {{ scratch[lid] = scratch[lid] + scratch[lid + s]; }}
+    workgroupBarrier();
+  }}
+  if (lid == 0u) {{ out[g] = scratch[0]; }}"""
+        return w.workgroup_kernel(ctx, body, weights,
+                                  prelude=f"var<workgroup> scratch: array<f32, {w.WG}>;")
+    body = f"""{head}
+  var acc = 0.0f;
+  for (var r = 0u; r < {w.u(length)}; r = r + 1u) {{
+{step}
+  }}
+  out[i] = acc;"""
+    return w.thread_kernel(ctx, body)
+
+
+def _pool_scan_wgsl(at: dict[str, Any], x_shape: Shape, oh: str, ow: str, base: str,
+                    track: bool) -> str:
+    """WGSL: scan the window of output (oh, ow) over plane `base`; sets `best` (and `arg`,
+    the winning tap i*kW + j, when `track`)."""
+    (kh, kw), (sh, sw), (ph, pw) = at["kernel"], at["stride"], at["padding"]
+    h, wd = x_shape[2], x_shape[3]
+    arg_decl = "\n    var arg = -1i;" if track else ""
+    arg_set = f" arg = i32(si * {w.u(kw)} + sj);" if track else ""
+    return f"""    var best = {w.lit(POOL_INIT)};{arg_decl}
+    for (var si = 0u; si < {w.u(kh)}; si = si + 1u) {{
+      let ph_ = i32({oh} * {w.u(sh)} + si) - {ph}i;
+      if (ph_ < 0i || ph_ >= {h}i) {{ continue; }}
+      for (var sj = 0u; sj < {w.u(kw)}; sj = sj + 1u) {{
+        let pw_ = i32({ow} * {w.u(sw)} + sj) - {pw}i;
+        if (pw_ < 0i || pw_ >= {wd}i) {{ continue; }}
+        let v = in0[{base} + u32(ph_) * {w.u(wd)} + u32(pw_)];
+        if (v > best) {{ best = v;{arg_set} }}
+      }}
+    }}"""
+
+
+def _emit_max_pool2d(ctx: EmitContext) -> Kernel:
+    x = ctx.inputs[0]
+    ho, wo = ctx.node.shape[2:]
+    body = f"""  let ow = i % {w.u(wo)};
+  let oh = (i / {w.u(wo)}) % {w.u(ho)};
+  let base = (i / {w.u(ho * wo)}) * {w.u(x.shape[2] * x.shape[3])};
+  {{
+{_pool_scan_wgsl(ctx.node.attrs, x.shape, "oh", "ow", "base", False)}
+    out[i] = best;
+  }}"""
+    return w.thread_kernel(ctx, body)
+
+
+def _emit_max_pool2d_grad(ctx: EmitContext) -> Kernel:
+    x, dy = ctx.inputs
+    at = ctx.node.attrs
+    _, _, h, wd = x.shape
+    _, _, ho, wo = dy.shape
+    (kh, kw), (sh, sw), (ph, pw) = at["kernel"], at["stride"], at["padding"]
+    body = f"""  let iw = i % {w.u(wd)};
+  let ih = (i / {w.u(wd)}) % {w.u(h)};
+  let plane = i / {w.u(h * wd)};
+  let base = plane * {w.u(h * wd)};
+  var acc = 0.0f;
+  for (var ki = 0u; ki < {w.u(kh)}; ki = ki + 1u) {{
+        {_source("oh", "ih", "ki", sh, ph, ho)}
+    for (var kj = 0u; kj < {w.u(kw)}; kj = kj + 1u) {{
+        {_source("ow", "iw", "kj", sw, pw, wo)}
+{_pool_scan_wgsl(at, x.shape, "oh", "ow", "base", True)}
+      if (arg == i32(ki * {w.u(kw)} + kj)) {{
+        acc = acc + in1[plane * {w.u(ho * wo)} + oh * {w.u(wo)} + ow];
+      }}
+    }}
+  }}
+  out[i] = acc;"""
+    return w.thread_kernel(ctx, body)
+
+
+# ---- definitions -----------------------------------------------------------------------
+
+def _vjp_conv2d(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list[Tensor]:
+    x, wt = ins
+    common = {"stride": at["stride"], "padding": at["padding"], "groups": at["groups"]}
+    dx = record("conv2d_input_grad", [wt, dy], in_hw=tuple(x.shape[2:]), **common)
+    dw = record("conv2d_weight_grad", [x, dy], kernel=tuple(wt.shape[2:]), **common)
+    return [dx, dw]
+
+
+def _vjp_max_pool2d(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list[Tensor]:
+    return [record("max_pool2d_grad", [ins[0], dy], **at)]
+
+
+define("conv2d", infer=_infer_conv2d, ref=_ref_conv2d, vjp=_vjp_conv2d, emit=_emit_conv2d,
+       doc="NCHW convolution x[B,Cin,H,W] * w[Cout,Cin/G,kH,kW] -> [B,Cout,Ho,Wo].")
+define("conv2d_input_grad", infer=_infer_conv2d_input_grad, ref=_ref_conv2d_input_grad,
+       vjp=GRAD_ERROR, emit=_emit_conv2d_input_grad,
+       doc="d conv2d / d x from (w, dy): one thread per input element, gathering.")
+define("conv2d_weight_grad", infer=_infer_conv2d_weight_grad, ref=_ref_conv2d_weight_grad,
+       vjp=GRAD_ERROR, emit=_emit_conv2d_weight_grad,
+       doc="d conv2d / d w from (x, dy): a sum over batch and output pixels per weight.")
+define("max_pool2d", infer=_infer_max_pool2d, ref=_ref_max_pool2d, vjp=_vjp_max_pool2d,
+       emit=_emit_max_pool2d, doc="Window max over [B,C,H,W]; padding never wins.")
+define("max_pool2d_grad", infer=_infer_max_pool2d_grad, ref=_ref_max_pool2d_grad,
+       vjp=GRAD_ERROR, emit=_emit_max_pool2d_grad,
+       doc="dy routed to each window's first maximum (recomputed scan).")
+
+
+@public
+def conv2d(x: Tensor, w: Tensor, stride: IntOrPair = 1, padding: IntOrPair = 0,
+           groups: int = 1) -> Tensor:
+    """2-D convolution (no bias), NCHW: x [B, Cin, H, W], w [Cout, Cin/groups, kH, kW]
+    -> [B, Cout, Ho, Wo]. `stride` and `padding` are ints or (h, w) pairs; zero padding."""
+    return record("conv2d", [x, w], stride=_pair("conv2d", "stride", stride),
+                  padding=_pair("conv2d", "padding", padding), groups=groups)
+
+
+@public
+def max_pool2d(x: Tensor, kernel_size: IntOrPair, stride: IntOrPair | None = None,
+               padding: IntOrPair = 0) -> Tensor:
+    """Max pooling over [B, C, H, W] windows (stride defaults to the kernel size); padded
+    cells never win and ties go to the first cell in row-major window order."""
+    kernel = _pair("max_pool2d", "kernel_size", kernel_size)
+    st = kernel if stride is None else _pair("max_pool2d", "stride", stride)
+    return record("max_pool2d", [x], kernel=kernel, stride=st,
+                  padding=_pair("max_pool2d", "padding", padding))
+
+
+@public
+def nearest_upsample2d(x: Tensor, factor: int) -> Tensor:
+    """Repeat every pixel of [B, C, H, W] `factor` times in both directions
+    -> [B, C, H*factor, W*factor] (factor 1 returns x)."""
+    from .broadcast import broadcast_to
+    from .shape import reshape
+
+    if not isinstance(x, Tensor) or x.ndim != 4:
+        shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ShapeError("nearest_upsample2d", f"x must be a rank-4 [B, C, H, W] tensor, "
+                         f"got {shape}")
+    if not _is_int(factor) or factor < 1:
+        raise ShapeError("nearest_upsample2d", f"factor must be an int >= 1, got {factor!r}")
+    if factor == 1:
+        return x
+    b, c, h, wd = x.shape
+    grid = broadcast_to(reshape(x, (b, c, h, 1, wd, 1)), (b, c, h, factor, wd, factor))
+    return reshape(grid, (b, c, h * factor, wd * factor))
+
+
+__all__ = ["conv2d", "max_pool2d", "nearest_upsample2d"]

@@ -1,0 +1,499 @@
+"""Optimizer update primitives: fused kernels for gradient norms, Adam(W) and SGD.
+
+These are appended by :mod:`tensorgrad.optim` after autograd; differentiating through them is
+an error. Each node names the role of every input in ``attrs["roles"]`` (inputs are optional
+depending on the configuration), so a printed graph says what each operand is.
+
+Gradient transforms are folded into the update kernels instead of materializing scaled
+gradients: a node with a ``gnorm`` input (the param's sum of squares, 0-d) normalizes its
+gradient, ``g / (||g|| + 1e-8)``; a node with a ``gtotal`` input (the global sum of squares
+after normalization, 0-d) clips it, ``g * min(clip / (sqrt(gtotal) + 1e-6), 1)``.
+
+Primitives (n = the param's element count):
+
+* ``grad_sumsq(g)`` -> f32[]: sum of g².
+* ``grad_norm_total(s_1, ..., s_k)`` -> f32[]: sum of the terms; roles ``raw`` (s),
+  ``normalized`` (s / (sqrt(s) + 1e-8)², the sum of squares once normalized) or ``acc`` (a
+  previous partial total). At most 7 inputs (8 storage bindings), so totals are chained.
+* ``adam_moments(state, g[, gnorm][, gtotal])`` with ``part``: ``mv`` (state ``[2, *shape]``
+  holding m then v, both updated by one kernel), ``m`` or ``v`` (state of the param's shape).
+  ``m' = b1 m + (1 - b1) g``; ``v' = b2 v + (1 - b2) g²``.
+* ``adam_update_p(p, mv | m, v, lrt[, shrink])``: ``p' = s p - lrt m' / (sqrt(v') + eps)``
+  with s = shrink[0] (decoupled weight decay) or 1.
+* ``sgd_velocity(v, g[, p][, gnorm][, gtotal])``: ``v' = mu v + g_eff``, where
+  ``g_eff = g + wd p`` (the ``p`` term only when the param decays).
+* ``sgd_update_p(p[, g][, v], lr[, gnorm][, gtotal])``: ``p' = p - lr u`` with ``u = g_eff``
+  (no momentum), ``v'`` (momentum) or ``g_eff + mu v'`` (Nesterov).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorgrad.codegen.wgsl as w
+
+from ..codegen.kernel import EmitContext, Kernel
+from ..errors import ShapeError
+from ..ir import Node, Shape
+from ..tensor import Tensor, record
+from .registry import GRAD_ERROR, define
+
+NORMALIZE_EPS = 1e-8  # g / (||g|| + NORMALIZE_EPS)
+CLIP_EPS = 1e-6       # scale = min(clip / (total + CLIP_EPS), 1)
+MAX_TOTAL_INPUTS = 7  # grad_norm_total inputs per node (8 storage bindings minus the output)
+SCALE_ROLES = ("gnorm", "gtotal")
+
+
+def _np():
+    import numpy as np
+    return np
+
+
+def _roles(node: Node) -> dict[str, int]:
+    return {role: k for k, role in enumerate(node.attrs["roles"])}
+
+
+# ---- shared checks ---------------------------------------------------------------------
+
+def _check_inputs(op: str, inputs: Sequence[Node], attrs: dict[str, Any],
+                  required: Sequence[str], optional: Sequence[str]) -> dict[str, Node]:
+    """Map role -> node after checking the roles, that every input is f32 and that the
+    scale roles are 0-d and agree with `attrs["clip"]`."""
+    roles = tuple(attrs.get("roles", ()))
+    if len(roles) != len(inputs) or len(set(roles)) != len(roles):
+        raise ShapeError(op, f"roles {list(roles)} must name each of the {len(inputs)} inputs "
+                         "once")
+    unknown = [r for r in roles if r not in (*required, *optional)]
+    missing = [r for r in required if r not in roles]
+    if unknown or missing:
+        raise ShapeError(op, f"roles {list(roles)}: unknown {unknown}, missing {missing} "
+                         f"(required {list(required)}, optional {list(optional)})")
+    by_role = dict(zip(roles, inputs))
+    for role, node in by_role.items():
+        if node.dtype != "f32":
+            raise ShapeError(op, f"input '{role}' must be f32, got {node.dtype}"
+                             f"{list(node.shape)}")
+    for role in ("gnorm", "gtotal", "lrt", "lr", "shrink"):
+        if role in by_role and by_role[role].shape != ():
+            raise ShapeError(op, f"input '{role}' must be 0-d, got shape "
+                             f"{list(by_role[role].shape)}")
+    clip = attrs.get("clip")
+    if ("gtotal" in by_role) != (clip is not None):
+        raise ShapeError(op, f"a 'gtotal' input and attrs clip={clip!r} go together")
+    if clip is not None and not clip > 0:
+        raise ShapeError(op, f"clip must be > 0, got {clip!r}")
+    return by_role
+
+
+def _same_shape(op: str, by_role: dict[str, Node], ref: str, *roles: str) -> None:
+    for role in roles:
+        if role in by_role and by_role[role].shape != by_role[ref].shape:
+            raise ShapeError(op, f"input '{role}' has shape {list(by_role[role].shape)}, "
+                             f"expected the shape of '{ref}' {list(by_role[ref].shape)}")
+
+
+# ---- gradient scale (normalize / clip), shared by the update kernels ---------------------
+
+def _ref_scale(args: Sequence[Any], node: Node) -> Any:
+    """The gradient multiplier of a node: 1, 1/(||g||+1e-8), times the clip factor."""
+    np = _np()
+    r = _roles(node)
+    scale = np.ones((), dtype=args[0].dtype)
+    if "gnorm" in r:
+        scale = scale / (np.sqrt(args[r["gnorm"]]) + NORMALIZE_EPS)
+    if "gtotal" in r:
+        clip = node.attrs["clip"]
+        scale = scale * np.minimum(clip / (np.sqrt(args[r["gtotal"]]) + CLIP_EPS), 1.0)
+    return scale.astype(args[0].dtype)
+
+
+def _wgsl_scale(node: Node) -> str:
+    """WGSL for `let gs = ...;` (uniform across threads)."""
+    r = _roles(node)
+    terms = []
+    if "gnorm" in r:
+        terms.append(f"(1.0f / (sqrt(in{r['gnorm']}[0]) + {w.lit(NORMALIZE_EPS)}))")
+    if "gtotal" in r:
+        clip = w.lit(node.attrs["clip"])
+        terms.append(f"min({clip} / (sqrt(in{r['gtotal']}[0]) + {w.lit(CLIP_EPS)}), 1.0f)")
+    return f"  let gs = {' * '.join(terms) if terms else '1.0f'};"
+
+
+def _scale_inputs(gnorm: Tensor | None, gtotal: Tensor | None) -> tuple[list, list]:
+    tensors, roles = [], []
+    if gnorm is not None:
+        tensors.append(gnorm)
+        roles.append("gnorm")
+    if gtotal is not None:
+        tensors.append(gtotal)
+        roles.append("gtotal")
+    return tensors, roles
+
+
+# ---- grad_sumsq --------------------------------------------------------------------------
+
+def _infer_sumsq(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    (g,) = inputs
+    if g.dtype != "f32":
+        raise ShapeError("grad_sumsq", f"input must be f32, got {g.dtype}{list(g.shape)}")
+    return (), "f32"
+
+
+def _emit_sumsq(ctx: EmitContext) -> Kernel:
+    n = ctx.inputs[0].size
+    if n >= w.WORKGROUP_REDUCE_MIN_LENGTH:
+        body = f"""  var part = 0.0f;
+  for (var r = lid; r < {w.u(n)}; r = r + {w.u(w.WG)}) {{ let x = in0[r]; part = part + x * x; }}
+  scratch[lid] = part;
+  workgroupBarrier();
+  for (var s = {w.u(w.WG // 2)}; s > 0u; s = s >> 1u) {{
+    if (lid < s) {{ scratch[lid] = scratch[lid] + scratch[lid + s]; }}
+    workgroupBarrier();
+  }}
+  if (lid == 0u) {{ out[0] = scratch[0]; }}"""
+        return w.workgroup_kernel(ctx, body, 1,
+                                  prelude=f"var<workgroup> scratch: array<f32, {w.WG}>;")
+    body = f"""  var acc = 0.0f;
+  for (var r = 0u; r < {w.u(n)}; r = r + 1u) {{ let x = in0[r]; acc = acc + x * x; }}
+  out[0] = acc;"""
+    return w.thread_kernel(ctx, body, 1)
+
+
+define("grad_sumsq", infer=_infer_sumsq,
+       ref=lambda args, node: _np().sum(args[0] * args[0]),
+       vjp=GRAD_ERROR, emit=_emit_sumsq,
+       doc="Sum of squares of a gradient (0-d); one workgroup, or one thread when short.")
+
+
+def grad_sumsq(g: Tensor) -> Tensor:
+    """Σ g² as a 0-d tensor."""
+    return record("grad_sumsq", [g])
+
+
+# ---- grad_norm_total ---------------------------------------------------------------------
+
+TOTAL_ROLES = ("acc", "raw", "normalized")
+
+
+def _infer_total(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    roles = tuple(attrs.get("roles", ()))
+    if not inputs or len(inputs) > MAX_TOTAL_INPUTS or len(roles) != len(inputs):
+        raise ShapeError("grad_norm_total", f"expected 1..{MAX_TOTAL_INPUTS} inputs with one "
+                         f"role each, got {len(inputs)} inputs and roles {list(roles)}")
+    for role, node in zip(roles, inputs):
+        if role not in TOTAL_ROLES:
+            raise ShapeError("grad_norm_total", f"unknown role {role!r} (known: "
+                             f"{list(TOTAL_ROLES)})")
+        if node.dtype != "f32" or node.shape != ():
+            raise ShapeError("grad_norm_total", f"inputs must be 0-d f32, got {node.dtype}"
+                             f"{list(node.shape)}")
+    return (), "f32"
+
+
+def _total_term(role: str, x: Any) -> Any:
+    if role == "normalized":
+        return x / (_np().sqrt(x) + NORMALIZE_EPS) ** 2
+    return x
+
+
+def _ref_total(args: Sequence[Any], node: Node) -> Any:
+    terms = [_total_term(role, x) for role, x in zip(node.attrs["roles"], args)]
+    out = terms[0]
+    for t in terms[1:]:
+        out = out + t
+    return out
+
+
+def _emit_total(ctx: EmitContext) -> Kernel:
+    lines, terms = [], []
+    for k, role in enumerate(ctx.node.attrs["roles"]):
+        lines.append(f"  let s{k} = in{k}[0];")
+        if role == "normalized":
+            lines.append(f"  let d{k} = sqrt(s{k}) + {w.lit(NORMALIZE_EPS)};")
+            terms.append(f"s{k} / (d{k} * d{k})")
+        else:
+            terms.append(f"s{k}")
+    body = "\n".join(lines) + f"\n  out[0] = {' + '.join(terms)};"
+    return w.thread_kernel(ctx, body, 1)
+
+
+define("grad_norm_total", infer=_infer_total, ref=_ref_total, vjp=GRAD_ERROR,
+       emit=_emit_total,
+       doc="Sum of 0-d sums of squares (normalized ones rescaled), for global clipping.")
+
+
+def grad_norm_total(terms: Sequence[tuple[Tensor, str]]) -> Tensor:
+    """The global Σ g² over `(sum of squares, role)` pairs, chained 7 inputs per node."""
+    if not terms:
+        raise ValueError("grad_norm_total needs at least one term")
+    acc: Tensor | None = None
+    rest = list(terms)
+    while rest:
+        room = MAX_TOTAL_INPUTS - (acc is not None)
+        chunk, rest = rest[:room], rest[room:]
+        if acc is None and len(chunk) == 1 and chunk[0][1] == "raw":
+            acc = chunk[0][0]
+            continue
+        tensors = ([acc] if acc is not None else []) + [t for t, _ in chunk]
+        roles = (("acc",) if acc is not None else ()) + tuple(r for _, r in chunk)
+        acc = record("grad_norm_total", tensors, roles=roles)
+    return acc  # type: ignore[return-value]
+
+
+# ---- Adam --------------------------------------------------------------------------------
+
+ADAM_PARTS = ("mv", "m", "v")
+
+
+def _infer_moments(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    op = "adam_moments"
+    by = _check_inputs(op, inputs, attrs, ("state", "g"), SCALE_ROLES)
+    part = attrs.get("part")
+    if part not in ADAM_PARTS:
+        raise ShapeError(op, f"part must be one of {list(ADAM_PARTS)}, got {part!r}")
+    g, state = by["g"].shape, by["state"].shape
+    want = (2, *g) if part == "mv" else g
+    if state != want:
+        raise ShapeError(op, f"state has shape {list(state)}, expected {list(want)} for part "
+                         f"'{part}' and a gradient of shape {list(g)}")
+    for beta in ("beta1", "beta2"):
+        if not 0.0 <= attrs.get(beta, -1.0) < 1.0:
+            raise ShapeError(op, f"{beta} must be in [0, 1), got {attrs.get(beta)!r}")
+    return state, "f32"
+
+
+def _ref_moments(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    r, a = _roles(node), node.attrs
+    state, g = args[r["state"]], args[r["g"]] * _ref_scale(args, node)
+
+    def m_new(m: Any) -> Any:
+        return a["beta1"] * m + (1.0 - a["beta1"]) * g
+
+    def v_new(v: Any) -> Any:
+        return a["beta2"] * v + (1.0 - a["beta2"]) * (g * g)
+
+    if a["part"] == "m":
+        return m_new(state)
+    if a["part"] == "v":
+        return v_new(state)
+    return np.stack([m_new(state[0]), v_new(state[1])])
+
+
+def _emit_moments(ctx: EmitContext) -> Kernel:
+    r, a = _roles(ctx.node), ctx.node.attrs
+    n = ctx.inputs[r["g"]].size
+    b1, c1 = w.lit(a["beta1"]), w.lit(1.0 - a["beta1"])
+    b2, c2 = w.lit(a["beta2"]), w.lit(1.0 - a["beta2"])
+    s = f"in{r['state']}"
+    lines = [_wgsl_scale(ctx.node), f"  let g = in{r['g']}[i] * gs;"]
+    if a["part"] == "m":
+        lines.append(f"  out[i] = {b1} * {s}[i] + {c1} * g;")
+    elif a["part"] == "v":
+        lines.append(f"  out[i] = {b2} * {s}[i] + {c2} * (g * g);")
+    else:
+        lines.append(f"  out[i] = {b1} * {s}[i] + {c1} * g;")
+        lines.append(f"  out[i + {w.u(n)}] = {b2} * {s}[i + {w.u(n)}] + {c2} * (g * g);")
+    return w.thread_kernel(ctx, "\n".join(lines), n)
+
+
+define("adam_moments", infer=_infer_moments, ref=_ref_moments, vjp=GRAD_ERROR,
+       emit=_emit_moments,
+       doc="Adam's first/second moment update (m and v packed in one [2, ...] state, or one "
+           "of them), gradient normalize/clip folded in.")
+
+
+def adam_moments(state: Tensor, g: Tensor, part: str, beta1: float, beta2: float,
+                 gnorm: Tensor | None = None, gtotal: Tensor | None = None,
+                 clip: float | None = None) -> Tensor:
+    """New moments from `state` (m, v or both packed as [2, *g.shape]) and gradient `g`."""
+    extra, roles = _scale_inputs(gnorm, gtotal)
+    return record("adam_moments", [state, g, *extra], roles=("state", "g", *roles), part=part,
+                  beta1=float(beta1), beta2=float(beta2), clip=clip)
+
+
+def _infer_adam_p(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    op = "adam_update_p"
+    by = _check_inputs(op, inputs, attrs, ("p", "lrt"), ("mv", "m", "v", "shrink"))
+    p = by["p"].shape
+    if "mv" in by:
+        if "m" in by or "v" in by or by["mv"].shape != (2, *p):
+            raise ShapeError(op, f"expected a packed 'mv' of shape {[2, *p]} alone, got roles "
+                             f"{list(attrs['roles'])} with mv {list(by['mv'].shape)}")
+    elif "m" in by and "v" in by:
+        _same_shape(op, by, "p", "m", "v")
+    else:
+        raise ShapeError(op, f"needs 'mv' or both 'm' and 'v', got roles {list(attrs['roles'])}")
+    if not attrs.get("eps", 0.0) > 0.0:
+        raise ShapeError(op, f"eps must be > 0, got {attrs.get('eps')!r}")
+    return p, "f32"
+
+
+def _ref_adam_p(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    r = _roles(node)
+    p = args[r["p"]]
+    if "mv" in r:
+        m, v = args[r["mv"]][0], args[r["mv"]][1]
+    else:
+        m, v = args[r["m"]], args[r["v"]]
+    shrink = args[r["shrink"]] if "shrink" in r else 1.0
+    return shrink * p - args[r["lrt"]] * m / (np.sqrt(v) + node.attrs["eps"])
+
+
+def _emit_adam_p(ctx: EmitContext) -> Kernel:
+    r = _roles(ctx.node)
+    n = ctx.node.size
+    if "mv" in r:
+        m, v = f"in{r['mv']}[i]", f"in{r['mv']}[i + {w.u(n)}]"
+    else:
+        m, v = f"in{r['m']}[i]", f"in{r['v']}[i]"
+    s = f"in{r['shrink']}[0] * " if "shrink" in r else ""
+    body = f"""  let m = {m};
+  let v = {v};
+  out[i] = {s}in{r['p']}[i] - in{r['lrt']}[0] * m / (sqrt(v) + {w.lit(ctx.node.attrs['eps'])});"""
+    return w.thread_kernel(ctx, body)
+
+
+define("adam_update_p", infer=_infer_adam_p, ref=_ref_adam_p, vjp=GRAD_ERROR,
+       emit=_emit_adam_p,
+       doc="Adam param update p' = s·p − lrt·m'/(√v' + eps), s the decoupled-decay shrink.")
+
+
+def adam_update_p(p: Tensor, moments: Sequence[Tensor], lrt: Tensor, eps: float,
+                  shrink: Tensor | None = None) -> Tensor:
+    """The new param from the new moments (one packed [2, ...] tensor, or m and v)."""
+    roles = ("mv",) if len(moments) == 1 else ("m", "v")
+    inputs, extra = [p, *moments, lrt], ("lrt",)
+    if shrink is not None:
+        inputs.append(shrink)
+        extra += ("shrink",)
+    return record("adam_update_p", inputs, roles=("p", *roles, *extra), eps=float(eps))
+
+
+# ---- SGD ---------------------------------------------------------------------------------
+
+def _check_sgd_attrs(op: str, by: dict[str, Node], attrs: dict[str, Any]) -> None:
+    mu, wd = attrs.get("momentum", 0.0), attrs.get("weight_decay", 0.0)
+    if mu < 0 or wd < 0:
+        raise ShapeError(op, f"momentum {mu!r} and weight_decay {wd!r} must be >= 0")
+    if attrs.get("nesterov") and not mu > 0:
+        raise ShapeError(op, f"nesterov needs momentum > 0, got {mu!r}")
+
+
+def _g_eff_ref(args: Sequence[Any], node: Node) -> Any:
+    r, wd = _roles(node), node.attrs["weight_decay"]
+    g = args[r["g"]] * _ref_scale(args, node)
+    return g + wd * args[r["p"]] if wd else g
+
+
+def _g_eff_wgsl(node: Node) -> str:
+    r, wd = _roles(node), node.attrs["weight_decay"]
+    decay = f" + {w.lit(wd)} * in{r['p']}[i]" if wd else ""
+    return f"{_wgsl_scale(node)}\n  let g = in{r['g']}[i] * gs{decay};"
+
+
+def _infer_velocity(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    op = "sgd_velocity"
+    by = _check_inputs(op, inputs, attrs, ("v", "g"), ("p", *SCALE_ROLES))
+    _same_shape(op, by, "v", "g", "p")
+    _check_sgd_attrs(op, by, attrs)
+    if not attrs["momentum"] > 0:
+        raise ShapeError(op, f"momentum must be > 0, got {attrs['momentum']!r}")
+    if ("p" in by) != (attrs["weight_decay"] > 0):
+        raise ShapeError(op, "a 'p' input and weight_decay > 0 go together")
+    return by["v"].shape, "f32"
+
+
+def _ref_velocity(args: Sequence[Any], node: Node) -> Any:
+    return node.attrs["momentum"] * args[_roles(node)["v"]] + _g_eff_ref(args, node)
+
+
+def _emit_velocity(ctx: EmitContext) -> Kernel:
+    r = _roles(ctx.node)
+    mu = w.lit(ctx.node.attrs["momentum"])
+    return w.thread_kernel(ctx, f"{_g_eff_wgsl(ctx.node)}\n  out[i] = {mu} * in{r['v']}[i] + g;")
+
+
+define("sgd_velocity", infer=_infer_velocity, ref=_ref_velocity, vjp=GRAD_ERROR,
+       emit=_emit_velocity,
+       doc="SGD momentum buffer v' = μ·v + g_eff (g_eff = scaled g + wd·p).")
+
+
+def _infer_sgd_p(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    op = "sgd_update_p"
+    by = _check_inputs(op, inputs, attrs, ("p", "lr"), ("g", "v", *SCALE_ROLES))
+    _same_shape(op, by, "p", "g", "v")
+    _check_sgd_attrs(op, by, attrs)
+    has_v, needs_g = "v" in by, "v" not in by or bool(attrs.get("nesterov"))
+    if has_v != (attrs["momentum"] > 0) or ("g" in by) != needs_g:
+        raise ShapeError(op, f"roles {list(attrs['roles'])} do not fit momentum="
+                         f"{attrs['momentum']!r}, nesterov={attrs.get('nesterov')!r}")
+    if "g" not in by and (attrs["weight_decay"] or "gnorm" in by or "gtotal" in by):
+        raise ShapeError(op, "weight decay and gradient scaling need the 'g' input")
+    return by["p"].shape, "f32"
+
+
+def _ref_sgd_p(args: Sequence[Any], node: Node) -> Any:
+    r, a = _roles(node), node.attrs
+    if "v" not in r:
+        update = _g_eff_ref(args, node)
+    elif a["nesterov"]:
+        update = _g_eff_ref(args, node) + a["momentum"] * args[r["v"]]
+    else:
+        update = args[r["v"]]
+    return args[r["p"]] - args[r["lr"]] * update
+
+
+def _emit_sgd_p(ctx: EmitContext) -> Kernel:
+    r, a = _roles(ctx.node), ctx.node.attrs
+    lines = [_g_eff_wgsl(ctx.node)] if "g" in r else []
+    if "v" not in r:
+        lines.append("  let u = g;")
+    elif a["nesterov"]:
+        lines.append(f"  let u = g + {w.lit(a['momentum'])} * in{r['v']}[i];")
+    else:
+        lines.append(f"  let u = in{r['v']}[i];")
+    lines.append(f"  out[i] = in{r['p']}[i] - in{r['lr']}[0] * u;")
+    return w.thread_kernel(ctx, "\n".join(lines))
+
+
+define("sgd_update_p", infer=_infer_sgd_p, ref=_ref_sgd_p, vjp=GRAD_ERROR, emit=_emit_sgd_p,
+       doc="SGD param update p' = p − lr·u, u = g_eff, v' or g_eff + μ·v' (Nesterov).")
+
+
+def sgd_velocity(v: Tensor, g: Tensor, momentum: float, weight_decay: float = 0.0,
+                 p: Tensor | None = None, gnorm: Tensor | None = None,
+                 gtotal: Tensor | None = None, clip: float | None = None) -> Tensor:
+    """The new momentum buffer; pass `p` exactly when `weight_decay > 0`."""
+    extra, roles = _scale_inputs(gnorm, gtotal)
+    inputs, names = [v, g], ["v", "g"]
+    if p is not None:
+        inputs.append(p)
+        names.append("p")
+    return record("sgd_velocity", [*inputs, *extra], roles=(*names, *roles),
+                  momentum=float(momentum), weight_decay=float(weight_decay), clip=clip)
+
+
+def sgd_update_p(p: Tensor, lr: Tensor, g: Tensor | None = None, v: Tensor | None = None,
+                 momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
+                 gnorm: Tensor | None = None, gtotal: Tensor | None = None,
+                 clip: float | None = None) -> Tensor:
+    """The new param; `g` is needed without momentum and with Nesterov, `v` with momentum."""
+    inputs, names = [p], ["p"]
+    for t, name in ((g, "g"), (v, "v")):
+        if t is not None:
+            inputs.append(t)
+            names.append(name)
+    inputs.append(lr)
+    names.append("lr")
+    extra, roles = _scale_inputs(gnorm, gtotal) if g is not None else ([], [])
+    return record("sgd_update_p", [*inputs, *extra], roles=(*names, *roles),
+                  momentum=float(momentum), nesterov=bool(nesterov),
+                  weight_decay=float(weight_decay) if g is not None else 0.0,
+                  clip=clip if g is not None else None)
+
+
+__all__ = ["adam_moments", "adam_update_p", "grad_norm_total", "grad_sumsq", "sgd_update_p",
+           "sgd_velocity"]

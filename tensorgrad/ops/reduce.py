@@ -1,0 +1,366 @@
+"""Reductions and row-wise ops: sum, mean, argmax/argmin, (log-)softmax, causal masking.
+
+The primitives work on the last axis only (`sum_last`, `mean_last`, `argmax_last`,
+`log_softmax_last`, `softmax_causal_last`, `where_causal`); other axes are moved to the end
+with `permute` first. Row kernels run one thread per row, or one workgroup per row when there
+are few, long rows (the same thresholds as :func:`tensorgrad.codegen.wgsl.reduce_kernel`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from math import prod
+from typing import Any
+
+import tensorgrad.codegen.wgsl as w
+
+from ..codegen.kernel import EmitContext, Kernel
+from ..errors import ShapeError
+from ..ir import Node, Shape
+from ..tensor import Tensor, record
+from .broadcast import broadcast_to
+from .elementwise import exp, mul, mul_scalar, neg, sub
+from .registry import NO_GRAD, define, public
+from .rules import normalize_axis, require_dtype
+from .shape import move_to_last, reshape, swap_axes
+
+MAX_INIT = -1e30  # the running max starts here (log-softmax, causal softmax)
+
+
+def _np():
+    import numpy as np
+    return np
+
+
+def _rows(node: Node) -> tuple[int, int]:
+    """(number of rows, row length) of a node reduced over its last axis."""
+    length = node.shape[-1]
+    return prod(node.shape[:-1]), length
+
+
+def _use_workgroup(rows: int, length: int) -> bool:
+    return rows < w.WORKGROUP_REDUCE_MAX_OUTPUTS and length >= w.WORKGROUP_REDUCE_MIN_LENGTH
+
+
+def _tree(combine: str, scratch: str = "scratch") -> str:
+    """Barrier, then a shared-memory tree over `scratch`; `combine` reads `{scratch}[lid]`
+    and `{scratch}[lid + step]`. Leaves the result in `{scratch}[0]`."""
+    return f"""  workgroupBarrier();
+  for (var step = {w.u(w.WG // 2)}; step > 0u; step = step >> 1u) {{
+    if (lid < step) {{ {scratch}[lid] = {combine}; }}
+    workgroupBarrier();
+  }}"""
+
+
+def _infer_last(op: str, keep: bool, out_dtype: str = "f32", square: bool = False):
+    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+        (a,) = inputs
+        require_dtype(op, a, "f32")
+        if not a.shape:
+            raise ShapeError(op, "input must have rank >= 1, got a 0-d tensor")
+        if square and (len(a.shape) < 2 or a.shape[-1] != a.shape[-2]):
+            raise ShapeError(op, f"the last two axes must be square [..., T, T], got shape "
+                             f"{list(a.shape)}")
+        return (a.shape if keep else a.shape[:-1]), out_dtype
+    return infer
+
+
+def _keep_last(t: Tensor, shape: Shape) -> Tensor:
+    """t (a per-row value, shape[:-1] or shape[:-1] + (1,)) reshaped to shape[:-1] + (1,)."""
+    return reshape(t, (*shape[:-1], 1))
+
+
+# ---- sum_last / mean_last --------------------------------------------------------------
+
+def _emit_sum_last(ctx: EmitContext) -> Kernel:
+    rows, length = _rows(ctx.inputs[0])
+    return w.reduce_kernel(ctx, rows, length, f"o * {w.u(length)} + r")
+
+
+def _emit_mean_last(ctx: EmitContext) -> Kernel:
+    rows, length = _rows(ctx.inputs[0])
+    return w.reduce_kernel(ctx, rows, length, f"o * {w.u(length)} + r",
+                           finalize=f"acc / {w.lit(float(length))}")
+
+
+def _infer_mean_last(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    shape, dtype = _infer_last("mean_last", keep=True)(inputs, attrs)
+    return (*shape[:-1], 1), dtype
+
+
+define("sum_last", infer=_infer_last("sum_last", keep=False),
+       ref=lambda args, node: _np().sum(args[0], axis=-1),
+       vjp=lambda ins, out, dy, at: [broadcast_to(_keep_last(dy, ins[0].shape), ins[0].shape)],
+       emit=_emit_sum_last, doc="Sum over the last axis, dropping it: [..., D] -> [...].")
+define("mean_last", infer=_infer_mean_last,
+       ref=lambda args, node: _np().mean(args[0], axis=-1, keepdims=True),
+       vjp=lambda ins, out, dy, at: [mul_scalar(broadcast_to(dy, ins[0].shape),
+                                                1.0 / ins[0].shape[-1])],
+       emit=_emit_mean_last, doc="Mean over the last axis, kept: [..., D] -> [..., 1].")
+
+
+def _reduce_axis(op: str, x: Tensor, axis: int | None) -> tuple[Tensor, int | None]:
+    """Check x (f32) and move `axis` to the end; axis None flattens x to one row."""
+    require_dtype(op, x.node, "f32")
+    if axis is None:
+        return reshape(x, (-1,)), None
+    if x.ndim == 0:
+        raise ShapeError(op, f"cannot reduce axis {axis} of a 0-d tensor")
+    axis = normalize_axis(op, axis, x.ndim)
+    return move_to_last(x, axis), axis
+
+
+def _kept_shape(shape: Shape, axis: int, keepdims: bool) -> Shape:
+    return (*shape[:axis], 1, *shape[axis + 1:]) if keepdims else \
+        (*shape[:axis], *shape[axis + 1:])
+
+
+@public
+def sum(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
+    """Sum of f32 x over `axis` (negative allowed), or over everything (0-d result;
+    keepdims is ignored without an axis)."""
+    rows, k = _reduce_axis("sum", x, axis)
+    out = record("sum_last", [rows])
+    return out if k is None else reshape(out, _kept_shape(x.shape, k, keepdims))
+
+
+@public
+def mean(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
+    """Mean of f32 x over `axis` (negative allowed), or over everything (0-d result;
+    keepdims is ignored without an axis)."""
+    rows, k = _reduce_axis("mean", x, axis)
+    if k is None:
+        return mul_scalar(record("sum_last", [rows]), 1.0 / max(1, x.size))
+    return reshape(record("mean_last", [rows]), _kept_shape(x.shape, k, keepdims))
+
+
+# ---- argmax ----------------------------------------------------------------------------
+
+def _emit_argmax_last(ctx: EmitContext) -> Kernel:
+    rows, length = _rows(ctx.inputs[0])
+    if _use_workgroup(rows, length):
+        body = f"""  let base = g * {w.u(length)};
+  var best = in0[base + lid];
+  var idx = lid;
+  for (var j = lid + {w.u(w.WG)}; j < {w.u(length)}; j = j + {w.u(w.WG)}) {{
+    let v = in0[base + j];
+    if (v > best) {{ best = v; idx = j; }}
+  }}
+  sv[lid] = best;
+  si[lid] = idx;
+  workgroupBarrier();
+  for (var step = {w.u(w.WG // 2)}; step > 0u; step = step >> 1u) {{
+    if (lid < step) {{
+      let ov = sv[lid + step];
+      let oi = si[lid + step];
+      if (ov > sv[lid] || (ov == sv[lid] && oi < si[lid])) {{ sv[lid] = ov; si[lid] = oi; }}
+    }}
+    workgroupBarrier();
+  }}
+  if (lid == 0u) {{ out[g] = i32(si[0]); }}"""
+        prelude = (f"var<workgroup> sv: array<f32, {w.WG}>;\n"
+                   f"var<workgroup> si: array<u32, {w.WG}>;")
+        return w.workgroup_kernel(ctx, body, rows, prelude=prelude)
+    body = f"""  let base = i * {w.u(length)};
+  var best = in0[base];
+  var idx = 0u;
+  for (var j = 1u; j < {w.u(length)}; j = j + 1u) {{
+    let v = in0[base + j];
+    if (v > best) {{ best = v; idx = j; }}
+  }}
+  out[i] = i32(idx);"""
+    return w.thread_kernel(ctx, body, rows)
+
+
+define("argmax_last", infer=_infer_last("argmax_last", keep=False, out_dtype="i32"),
+       ref=lambda args, node: _np().argmax(args[0], axis=-1).astype(_np().int32),
+       vjp=NO_GRAD, emit=_emit_argmax_last,
+       doc="Index of the max over the last axis (ties: first), i32, axis dropped.")
+
+
+@public
+def argmax(x: Tensor, axis: int | None = None) -> Tensor:
+    """i32 index of the max of f32 x along `axis` (dropped), or of the flattened x (0-d);
+    ties go to the first occurrence."""
+    rows, _ = _reduce_axis("argmax", x, axis)
+    return record("argmax_last", [rows])
+
+
+@public
+def argmin(x: Tensor, axis: int | None = None) -> Tensor:
+    """i32 index of the min of f32 x along `axis` (dropped), or of the flattened x (0-d);
+    ties go to the first occurrence."""
+    require_dtype("argmin", x.node, "f32")
+    return argmax(neg(x), axis)
+
+
+# ---- log-softmax and causal softmax ----------------------------------------------------
+
+def _emit_softmax_rows(ctx: EmitContext, causal: bool) -> Kernel:
+    """One row per thread (or per workgroup): max over the row's first `n` entries (from
+    -1e30), sum of exp(x - max), then write. Causal rows use n = (row % T) + 1."""
+    rows, length = _rows(ctx.inputs[0])
+    count = f"(row % {w.u(length)}) + 1u" if causal else w.u(length)
+    if causal:
+        write = ("if (j < n) { out[base + j] = exp(in0[base + j] - mx) / total; } "
+                 "else { out[base + j] = 0.0f; }")
+    else:
+        write = "out[base + j] = in0[base + j] - logz;"
+    finish = "" if causal else "  let logz = mx + log(total);\n"
+    if _use_workgroup(rows, length):
+        stride = w.u(w.WG)
+        body = f"""  let row = g;
+  let base = row * {w.u(length)};
+  let n = {count};
+  var m = {w.lit(MAX_INIT)};
+  for (var j = lid; j < n; j = j + {stride}) {{ m = max(m, in0[base + j]); }}
+  scratch[lid] = m;
+{_tree("max(scratch[lid], scratch[lid + step])")}
+  let mx = scratch[0];
+  workgroupBarrier();
+  var part = 0.0f;
+  for (var j = lid; j < n; j = j + {stride}) {{ part = part + exp(in0[base + j] - mx); }}
+  scratch[lid] = part;
+{_tree("scratch[lid] + scratch[lid + step]")}
+  let total = scratch[0];
+{finish}  for (var j = lid; j < {w.u(length)}; j = j + {stride}) {{ {write} }}"""
+        return w.workgroup_kernel(ctx, body, rows,
+                                  prelude=f"var<workgroup> scratch: array<f32, {w.WG}>;")
+    body = f"""  let row = i;
+  let base = row * {w.u(length)};
+  let n = {count};
+  var mx = {w.lit(MAX_INIT)};
+  for (var j = 0u; j < n; j = j + 1u) {{ mx = max(mx, in0[base + j]); }}
+  var total = 0.0f;
+  for (var j = 0u; j < n; j = j + 1u) {{ total = total + exp(in0[base + j] - mx); }}
+{finish}  for (var j = 0u; j < {w.u(length)}; j = j + 1u) {{ {write} }}"""
+    return w.thread_kernel(ctx, body, rows)
+
+
+def _ref_log_softmax(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    x = args[0]
+    m = np.maximum(np.max(x, axis=-1, keepdims=True), MAX_INIT).astype(x.dtype)
+    return x - (m + np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True)))
+
+
+def _causal_mask(shape: Shape) -> Any:
+    """True where the column is past the row (the masked entries), broadcastable to shape."""
+    t = shape[-1]
+    return _np().triu(_np().ones((t, t), dtype=bool), 1)
+
+
+def _ref_softmax_causal(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    x = args[0]
+    mask = _causal_mask(x.shape)
+    masked = np.where(mask, -np.inf, x)
+    m = np.maximum(np.max(masked, axis=-1, keepdims=True), MAX_INIT).astype(x.dtype)
+    e = np.where(mask, 0, np.exp(masked - m))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def _vjp_log_softmax(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list[Tensor]:
+    return [sub(dy, mul(exp(out), _keep_last(record("sum_last", [dy]), dy.shape)))]
+
+
+def _vjp_softmax_causal(ins: Sequence[Tensor], out: Tensor, dy: Tensor,
+                        at: dict) -> list[Tensor]:
+    inner = _keep_last(record("sum_last", [mul(dy, out)]), dy.shape)
+    return [mul(sub(dy, inner), out)]
+
+
+define("log_softmax_last", infer=_infer_last("log_softmax_last", keep=True),
+       ref=_ref_log_softmax, vjp=_vjp_log_softmax,
+       emit=lambda ctx: _emit_softmax_rows(ctx, causal=False),
+       doc="x - logsumexp(x) over the last axis (max-subtracted, max starts at -1e30).")
+define("softmax_causal_last", infer=_infer_last("softmax_causal_last", keep=True, square=True),
+       ref=_ref_softmax_causal, vjp=_vjp_softmax_causal,
+       emit=lambda ctx: _emit_softmax_rows(ctx, causal=True),
+       doc="Softmax of row q over columns 0..q of a [..., T, T] tensor; later columns 0.")
+
+
+def _on_last(op: str, x: Tensor, axis: int, prim: str) -> Tensor:
+    """Apply row primitive `prim` along `axis` by swapping it with the last axis."""
+    require_dtype(op, x.node, "f32")
+    if x.ndim == 0:
+        raise ShapeError(op, "input must have rank >= 1, got a 0-d tensor")
+    axis = normalize_axis(op, axis, x.ndim)
+    moved = swap_axes(x, axis, -1)
+    if prim == "softmax_causal_last" and (moved.ndim < 2 or moved.shape[-1] != moved.shape[-2]):
+        raise ShapeError(op, f"with axis={axis} the last two axes must be square [..., T, T], "
+                         f"got shape {list(moved.shape)} (from input {list(x.shape)})")
+    return swap_axes(record(prim, [moved]), axis, -1)
+
+
+@public
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """log(softmax(x)) along `axis`, computed stably (f32)."""
+    return _on_last("log_softmax", x, axis, "log_softmax_last")
+
+
+@public
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """Softmax along `axis` (f32): exp(log_softmax(x, axis))."""
+    return exp(_on_last("softmax", x, axis, "log_softmax_last"))
+
+
+@public
+def softmax_causal(x: Tensor, axis: int = -1) -> Tensor:
+    """Causal softmax of attention scores [..., T, T]: row q covers columns 0..q; the
+    masked columns are 0. With another `axis` it is swapped with the last one first."""
+    return _on_last("softmax_causal", x, axis, "softmax_causal_last")
+
+
+# ---- where_causal ----------------------------------------------------------------------
+
+def _infer_where_causal(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    (a,) = inputs
+    require_dtype("where_causal", a, "f32")
+    if len(a.shape) < 2 or a.shape[-1] != a.shape[-2]:
+        raise ShapeError("where_causal", f"the last two axes must be square [..., T, T], got "
+                         f"shape {list(a.shape)}")
+    return a.shape, "f32"
+
+
+def _emit_where_causal(ctx: EmitContext) -> Kernel:
+    t = ctx.node.shape[-1]
+    fill = w.lit(ctx.node.attrs["fill"])
+    body = f"""  let row = (i / {w.u(t)}) % {w.u(t)};
+  let col = i % {w.u(t)};
+  out[i] = select(in0[i], {fill}, col > row);"""
+    return w.thread_kernel(ctx, body)
+
+
+def _ref_where_causal(args: Sequence[Any], node: Node) -> Any:
+    x = args[0]
+    return _np().where(_causal_mask(x.shape), _np().asarray(node.attrs["fill"], x.dtype), x)
+
+
+define("where_causal", infer=_infer_where_causal, ref=_ref_where_causal,
+       vjp=lambda ins, out, dy, at: [where_causal(dy, 0.0)], emit=_emit_where_causal,
+       doc="x with entries whose column is past their row set to `fill` ([..., T, T]).")
+
+
+@public
+def where_causal(x: Tensor, fill: float) -> Tensor:
+    """x [..., T, T] with entries above the diagonal (column > row) set to `fill`
+    (an infinite fill is stored as +-1e30, which is what the kernel can write)."""
+    if isinstance(fill, bool) or not isinstance(fill, (int, float)) or math.isnan(fill):
+        raise ShapeError("where_causal", f"fill must be a Python number (not NaN), got "
+                         f"{fill!r}")
+    fill = max(-1e30, min(1e30, float(fill)))  # +-inf become +-1e30, as in the kernel
+    return record("where_causal", [x], fill=fill)
+
+
+__all__ = [
+    "argmax",
+    "argmin",
+    "log_softmax",
+    "mean",
+    "softmax",
+    "softmax_causal",
+    "sum",
+    "where_causal",
+]

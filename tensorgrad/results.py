@@ -1,0 +1,60 @@
+"""What `step` and `run` return: Completed, Aborted or Failed — never an exception.
+
+    match await train.step(x=x, y=y):
+        case tg.Completed(loss=loss): ...
+        case tg.Aborted(): ...
+        case tg.Failed(error=err): ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+class AbortedError(Exception):
+    """The graph was replaced or destroyed while a call was pending."""
+
+
+class Captures(dict):
+    """Captured tensors of one step or run, by name: {name: array}."""
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self:
+            raise KeyError(f"no capture named {name!r}; captured: {sorted(self)}")
+        return super().__getitem__(name)
+
+    def names(self) -> list[str]:
+        return sorted(self)
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A finished call: `loss` (a float) for `step`, `output` (an array) for `run`."""
+
+    loss: float | None = None
+    output: Any = None
+    captures: Captures = field(default_factory=Captures)
+    kind: Literal["completed"] = "completed"
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """The graph was replaced (`replace_model`) or destroyed while the call was pending."""
+
+    kind: Literal["aborted"] = "aborted"
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The call failed; `error` says why (a bad input, a NaN loss, a device error...)."""
+
+    error: BaseException
+    kind: Literal["failed"] = "failed"
+
+    @property
+    def message(self) -> str:
+        return str(self.error)
+
+
+Result = Completed | Aborted | Failed

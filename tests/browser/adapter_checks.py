@@ -1,0 +1,205 @@
+"""GPU adapter checks over the GPUDevice interface, with no NumPy and no pytest.
+
+The browser tests send this file's source to the worker (``exec``) and await each check there
+against the ``navigator.gpu`` adapter; the same checks run natively in CPython when a native
+adapter exists. Each check raises AssertionError on failure and returns a small dict of facts.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from typing import Any
+
+from tensorgrad.gpu.interface import Copy, Dispatch, ShaderCompileError
+
+ADD_WGSL = """
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let i = gid.x;
+  if (i < arrayLength(&out)) {
+    out[i] = a[i] + b[i];
+  }
+}
+"""
+
+# out[i] = i over a 2D grid of workgroups (x, y): i = (wg.y * nwg.x + wg.x) * 64 + local.
+INDEX_2D_WGSL = """
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) local: u32) {
+  let i = (wg.y * nwg.x + wg.x) * 64u + local;
+  if (i < arrayLength(&out)) {
+    out[i] = i;
+  }
+}
+"""
+
+# x = x * M + C (mod 2^32), in place: order-sensitive and exact.
+AFFINE_WGSL = """
+@group(0) @binding(0) var<storage, read_write> x: array<u32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let i = gid.x;
+  if (i < arrayLength(&x)) {
+    x[i] = x[i] * {M}u + {C}u;
+  }
+}
+"""
+
+BAD_WGSL = """
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  x[gid.x] = undefined_name * 2.0;
+}
+"""
+
+AFFINES = ((3, 1), (5, 2), (7, 11))
+
+
+def _affine_kernels(dev: Any) -> list[Any]:
+    return [dev.create_kernel(AFFINE_WGSL.replace("{M}", str(m)).replace("{C}", str(c)),
+                              f"affine_{m}_{c}") for m, c in AFFINES]
+
+
+def _affine_steps(kernels: list[Any], x: Any, snapshot: Any, n: int, count: int,
+                  wgs: int) -> tuple[list[Dispatch | Copy], list[int]]:
+    """`count` affine dispatches on x (kernel i % 3, i // 3 % 2 stretches), with a copy of x[0]
+    into snapshot[k] after every 10th dispatch; the expected snapshot values."""
+    steps: list[Dispatch | Copy] = []
+    value, expected = 1, []
+    for i in range(count):
+        k = (i + i // 3) % len(kernels)
+        steps.append(Dispatch(kernels[k], (x,), (wgs, 1, 1), f"affine{i}"))
+        m, c = AFFINES[k]
+        value = (value * m + c) & 0xFFFFFFFF
+        if i % 10 == 9:
+            steps.append(Copy(x, snapshot, 4, 0, 4 * len(expected)))
+            expected.append(value)
+    return steps, expected
+
+
+async def check_add(dev: Any) -> dict[str, Any]:
+    """A 1-D add kernel: out = a + b."""
+    n = 1000
+    a = array("f", [float(i) for i in range(n)])
+    b = array("f", [0.5 * i for i in range(n)])
+    bufs = [dev.create_buffer(4 * n, name) for name in ("a", "b", "out")]
+    kernel = dev.create_kernel(ADD_WGSL, "add")
+    program = dev.create_program([Dispatch(kernel, tuple(bufs), (-(-n // 64), 1, 1), "add")], 0)
+    (out,) = await dev.execute(program, [(bufs[0], a), (bufs[1], b)], [(bufs[2], 4 * n)])
+    got = out.cast("f")
+    assert got.tolist() == [1.5 * i for i in range(n)], got.tolist()[:8]
+    for buf in bufs:
+        dev.destroy_buffer(buf)
+    return {"n": n}
+
+
+async def check_dispatch_2d(dev: Any) -> dict[str, Any]:
+    """More than 65535 workgroups, dispatched as a 2D grid."""
+    limit = dev.limits.max_compute_workgroups_per_dimension
+    groups = limit + 1000
+    n = groups * 64 - 5
+    grid = (limit, -(-groups // limit), 1)
+    out = dev.create_buffer(4 * n, "out")
+    kernel = dev.create_kernel(INDEX_2D_WGSL, "index_2d")
+    program = dev.create_program([Dispatch(kernel, (out,), grid, "index_2d")], 0)
+    (data,) = await dev.execute(program, [], [(out, 4 * n)])
+    assert bytes(data) == array("I", range(n)).tobytes(), "2D dispatch missed or repeated items"
+    dev.destroy_buffer(out)
+    return {"workgroups": groups, "grid": list(grid), "items": n}
+
+
+async def check_chunking(dev: Any, count: int = 150,
+                         chunk_sizes: tuple[int, ...] = (0, 1, 7, 32)) -> dict[str, Any]:
+    """A >100-dispatch program with copies gives the same result for every chunk size."""
+    n, wgs = 256, 4
+    x = dev.create_buffer(4 * n, "x")
+    snapshot = dev.create_buffer(4 * (count // 10), "snapshot")
+    kernels = _affine_kernels(dev)
+    steps, expected = _affine_steps(kernels, x, snapshot, n, count, wgs)
+    final = expected[-1] if count % 10 == 0 else None
+    results = {}
+    for chunk in chunk_sizes:
+        program = dev.create_program(steps, chunk)
+        xs, snaps = await dev.execute(program, [(x, array("I", [1] * n))],
+                                      [(x, 4 * n), (snapshot, 4 * len(expected))])
+        assert snaps.cast("I").tolist() == expected, (chunk, snaps.cast("I").tolist()[:4])
+        if final is not None:
+            assert set(xs.cast("I").tolist()) == {final}, chunk
+        results[chunk] = bytes(xs) + bytes(snaps)
+    assert len(set(results.values())) == 1, "results differ between chunk sizes"
+    dev.destroy_buffer(x)
+    dev.destroy_buffer(snapshot)
+    return {"dispatches": count, "copies": len(expected), "chunk_sizes": list(chunk_sizes)}
+
+
+async def check_copies_in_order(dev: Any) -> dict[str, Any]:
+    """Copies see exactly the dispatches encoded before them, and copies chain in order."""
+    n = 64
+    x = dev.create_buffer(4 * n, "x")
+    first, second, chained = (dev.create_buffer(4 * n, name) for name in ("c1", "c2", "c3"))
+    (k3, k5, _) = _affine_kernels(dev)
+    steps = [Dispatch(k3, (x,), (1, 1, 1), "x*3+1"), Copy(x, first, 4 * n),
+             Dispatch(k5, (x,), (1, 1, 1), "x*5+2"), Copy(x, second, 4 * n),
+             Copy(first, chained, 4 * n)]
+    for chunk in (0, 1):
+        program = dev.create_program(steps, chunk)
+        got = await dev.execute(program, [(x, array("I", [2] * n))],
+                                [(first, 4 * n), (second, 4 * n), (chained, 4 * n)])
+        one, two, three = (set(g.cast("I").tolist()) for g in got)
+        assert one == {7} and two == {37} and three == {7}, (chunk, one, two, three)
+    for buf in (x, first, second, chained):
+        dev.destroy_buffer(buf)
+    return {"values": [7, 37, 7]}
+
+
+async def check_bad_wgsl(dev: Any) -> dict[str, Any]:
+    """Invalid WGSL raises ShaderCompileError naming the kernel, with numbered lines and the
+    compiler's message."""
+    try:
+        dev.create_kernel(BAD_WGSL, "my_bad_kernel")
+        check = getattr(dev, "check_kernels", None)
+        if check is not None:
+            await check()
+    except ShaderCompileError as err:
+        text = str(err)
+        assert "my_bad_kernel" in text, text
+        assert "   6 |   x[gid.x] = undefined_name * 2.0;" in text, text
+        assert "undefined_name" in "\n".join(err.messages), err.messages
+        assert err.label == "my_bad_kernel" and err.wgsl == BAD_WGSL
+        return {"messages": err.messages}
+    raise AssertionError("invalid WGSL compiled without ShaderCompileError")
+
+
+async def ffi_calls_per_step(dev: Any, dispatches: int, steps: int = 3,
+                             chunk_size: int = 32) -> dict[str, Any]:
+    """FFI calls (and ms) per execute of an affine program of `dispatches` dispatches."""
+    n = 256
+    x = dev.create_buffer(4 * n, "x")
+    kernels = _affine_kernels(dev)
+    program_steps, _ = _affine_steps(kernels, x, x, n, dispatches, 4)
+    program_steps = [s for s in program_steps if isinstance(s, Dispatch)]
+    program = dev.create_program(program_steps, chunk_size)
+    data = array("I", [1] * n)
+    await dev.execute(program, [(x, data)], [(x, 4 * n)])  # warm-up
+    before, t0 = dev.ffi_calls, time.perf_counter()
+    for _ in range(steps):
+        await dev.execute(program, [(x, data)], [(x, 4 * n)])
+    ms = (time.perf_counter() - t0) * 1000 / steps
+    calls = (dev.ffi_calls - before) / steps
+    dev.destroy_buffer(x)
+    return {"dispatches": dispatches, "ffi_calls": calls, "ms_per_step": round(ms, 2)}
+
+
+CHECKS = {"add": check_add, "dispatch_2d": check_dispatch_2d, "chunking": check_chunking,
+          "copies_in_order": check_copies_in_order, "bad_wgsl": check_bad_wgsl}

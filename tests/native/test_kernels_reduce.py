@@ -1,0 +1,77 @@
+"""Reduction and row-wise kernels on a real WebGPU device, against the reference interpreter.
+
+Every case of the unit CASES runs its forward+backward graph kernel by kernel; the large
+cases exercise both variants of each row kernel (one workgroup per row for few long rows,
+one thread per row otherwise)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import tensorgrad as tg
+from tensorgrad.codegen.kernel import Target, emit_node
+from tests.harness import Arg, Case, build
+from tests.kernel_check import check_graph_kernels
+from tests.unit.test_ops_reduce import CASES
+
+
+def check(device, case: Case, with_grad: bool | None = None, **tol) -> set[str]:
+    b = build(case, with_grad)
+    return asyncio.run(check_graph_kernels(device, b.graph, b.values, **tol))
+
+
+def variant(case: Case, op: str) -> str:
+    """'workgroup' or 'thread': how the kernel of the first `op` node of the case runs."""
+    b = build(case, with_grad=False)
+    node = next(n for n in b.graph.nodes if n.op == op)
+    wgsl = emit_node(b.graph, node, Target()).wgsl
+    return "workgroup" if "workgroupBarrier" in wgsl else "thread"
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+def test_case_kernels(gpu_device, case: Case) -> None:
+    check(gpu_device, case)
+
+
+TIES = np.tile(np.array([0.0, 5.0, 1.0, 5.0], np.float32), (6, 256))  # [6, 1024], max at 1
+LARGE = [
+    # (case, primitive, expected variant)
+    (Case("sum", lambda x: tg.sum(x, -1), [Arg((24, 1000))], name="wg"), "sum_last",
+     "workgroup"),
+    (Case("sum", lambda x: tg.sum(x, 0), [Arg((90, 700))], name="thread"), "sum_last",
+     "thread"),
+    (Case("sum", lambda x: tg.sum(x), [Arg((300, 301))], name="all"), "sum_last", "workgroup"),
+    (Case("mean", lambda x: tg.mean(x, 1), [Arg((5, 2049))], name="wg"), "mean_last",
+     "workgroup"),
+    (Case("mean", lambda x: tg.mean(x, -1), [Arg((40000, 3))], name="thread"), "mean_last",
+     "thread"),
+    (Case("argmax", lambda x: tg.argmax(x, -1), [Arg((9, 3000))], grad=False, name="wg"),
+     "argmax_last", "workgroup"),
+    (Case("argmax", lambda x: tg.argmax(x, -1), [Arg((6, 1024), gen=TIES)], grad=False,
+          name="wg-ties"), "argmax_last", "workgroup"),
+    (Case("argmin", lambda x: tg.argmin(x), [Arg((50, 40))], grad=False, name="wg-flat"),
+     "argmax_last", "workgroup"),
+    (Case("argmax", lambda x: tg.argmax(x, 0), [Arg((100, 3000))], grad=False, name="thread"),
+     "argmax_last", "thread"),
+    (Case("log_softmax", tg.log_softmax, [Arg((12, 1500))], name="wg"), "log_softmax_last",
+     "workgroup"),
+    (Case("log_softmax", tg.log_softmax, [Arg((3000, 70))], name="thread"),
+     "log_softmax_last", "thread"),
+    (Case("softmax", lambda x: tg.softmax(x * 30.0), [Arg((4, 700))], name="wg-peaky"),
+     "log_softmax_last", "workgroup"),
+    (Case("softmax_causal", tg.softmax_causal, [Arg((2, 300, 300))], name="wg"),
+     "softmax_causal_last", "workgroup"),
+    (Case("softmax_causal", tg.softmax_causal, [Arg((40, 64, 64))], name="thread"),
+     "softmax_causal_last", "thread"),
+    (Case("where_causal", lambda x: tg.where_causal(x, -1e9), [Arg((3, 257, 257))],
+          name="big"), "where_causal", "thread"),
+]
+
+
+@pytest.mark.parametrize("case, op, want", [pytest.param(*c, id=c[0].id) for c in LARGE])
+def test_large_kernel_variants(gpu_device, case: Case, op: str, want: str) -> None:
+    assert variant(case, op) == want
+    assert op in check(gpu_device, case)

@@ -1,0 +1,509 @@
+"""Optimizers: update primitives against NumPy twins, whole trajectories against torch.optim.
+
+Trajectories run the training graph through the reference interpreter for 20 steps, applying
+the plan's writebacks between steps, on params p1 [4, 3] and p2 [3] with
+loss = sum((x @ p1 + p2 - y)²) and a fresh batch each step.
+
+Adam note: our update is ``p - lrt m / (sqrt(v) + eps)`` with ``lrt`` bias-corrected on the
+host, i.e. PyTorch's Adam with eps scaled by ``sqrt(1 - b2^t)``. With eps = 1e-8 and O(1)
+gradients the difference is far below the tolerance; ``test_adam_eps_sits_outside_the_bias_
+correction`` checks the exact form with a large eps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import tensorgrad as tg
+from tensorgrad import lr, optim
+from tensorgrad.autograd import append_grad
+from tensorgrad.errors import ShapeError
+from tensorgrad.gpu.interface import DeviceLimits
+from tensorgrad.ops import optim_ops as oo
+from tensorgrad.reference import evaluate
+from tensorgrad.tensor import leaf, record, tracing
+from tests.harness import Arg, Case
+from tests.unit.op_tests import forward_check, params_for
+
+# ---- primitive cases ------------------------------------------------------------------------
+
+S = Arg((), gen="positive")  # a 0-d sum of squares
+G = Arg((3, 4))
+MV = Arg((2, 3, 4), gen="positive")
+
+
+def _scale(gnorm: Any = None, gtotal: Any = None, clip: float | None = None) -> Any:
+    s = 1.0
+    if gnorm is not None:
+        s = s / (np.sqrt(np.float64(gnorm)) + 1e-8)
+    if gtotal is not None:
+        s = s * min(clip / (np.sqrt(np.float64(gtotal)) + 1e-6), 1.0)
+    return s
+
+
+def _moments(state, g, part, b1=0.9, b2=0.999, **sc):
+    g = g * _scale(**sc)
+
+    def m(x):
+        return b1 * x + (1 - b1) * g
+
+    def v(x):
+        return b2 * x + (1 - b2) * g * g
+
+    if part == "mv":
+        return np.stack([m(state[0]), v(state[1])])
+    return m(state) if part == "m" else v(state)
+
+
+def _total(*terms):
+    return sum(s / (np.sqrt(s) + 1e-8) ** 2 if role == "normalized" else s
+               for s, role in terms)
+
+
+CASES = [
+    Case("grad_sumsq", oo.grad_sumsq, [G], np_fn=lambda g: np.sum(np.float64(g) ** 2),
+         grad=False),
+    Case("grad_sumsq", oo.grad_sumsq, [Arg((300,))], np_fn=lambda g: np.sum(np.float64(g) ** 2),
+         grad=False, name="workgroup"),
+    Case("grad_sumsq", oo.grad_sumsq, [Arg(())], np_fn=lambda g: np.float64(g) ** 2,
+         grad=False, name="0d"),
+    Case("grad_norm_total",
+         lambda a, b, c: oo.grad_norm_total([(a, "raw"), (b, "normalized"), (c, "raw")]),
+         [S, S, S], np_fn=lambda a, b, c: _total((a, "raw"), (b, "normalized"), (c, "raw")),
+         grad=False),
+    Case("grad_norm_total",
+         lambda *s: oo.grad_norm_total([(x, "normalized" if k % 3 == 0 else "raw")
+                                        for k, x in enumerate(s)]),
+         [S] * 15, np_fn=lambda *s: _total(*[(x, "normalized" if k % 3 == 0 else "raw")
+                                             for k, x in enumerate(s)]),
+         grad=False, name="chained-15"),
+    Case("adam_moments", lambda s, g: oo.adam_moments(s, g, "mv", 0.9, 0.999), [MV, G],
+         np_fn=lambda s, g: _moments(s, g, "mv"), grad=False, name="packed"),
+    Case("adam_moments",
+         lambda s, g, n, t: oo.adam_moments(s, g, "mv", 0.8, 0.99, gnorm=n, gtotal=t, clip=0.5),
+         [MV, G, S, Arg((), gen=np.float32(9.0))],
+         np_fn=lambda s, g, n, t: _moments(s, g, "mv", 0.8, 0.99, gnorm=n, gtotal=t, clip=0.5),
+         grad=False, name="packed-normalized-clipped"),
+    Case("adam_moments", lambda s, g: oo.adam_moments(s, g, "m", 0.9, 0.999), [G, G],
+         np_fn=lambda s, g: _moments(s, g, "m"), grad=False, name="m"),
+    Case("adam_moments",
+         lambda s, g, t: oo.adam_moments(s, g, "v", 0.9, 0.95, gtotal=t, clip=2.0),
+         [Arg((5,), gen="positive"), Arg((5,)), Arg((), gen=np.float32(16.0))],
+         np_fn=lambda s, g, t: _moments(s, g, "v", 0.9, 0.95, gtotal=t, clip=2.0),
+         grad=False, name="v-clipped"),
+    Case("adam_update_p", lambda p, mv, lrt: oo.adam_update_p(p, [mv], lrt, 1e-8), [G, MV, S],
+         np_fn=lambda p, mv, lrt: p - lrt * mv[0] / (np.sqrt(mv[1]) + 1e-8), grad=False,
+         name="packed"),
+    Case("adam_update_p",
+         lambda p, m, v, lrt, s: oo.adam_update_p(p, [m, v], lrt, 1e-3, s),
+         [G, G, Arg((3, 4), gen="positive"), S, Arg((), gen=np.float32(0.99))],
+         np_fn=lambda p, m, v, lrt, s: s * p - lrt * m / (np.sqrt(v) + 1e-3), grad=False,
+         name="split-shrink"),
+    Case("sgd_velocity", lambda v, g: oo.sgd_velocity(v, g, 0.9), [G, G],
+         np_fn=lambda v, g: 0.9 * v + g, grad=False),
+    Case("sgd_velocity",
+         lambda v, g, p, n, t: oo.sgd_velocity(v, g, 0.5, 0.1, p, n, t, 1.0),
+         [G, G, G, S, Arg((), gen=np.float32(4.0))],
+         np_fn=lambda v, g, p, n, t: 0.5 * v + g * _scale(n, t, 1.0) + 0.1 * p, grad=False,
+         name="decay-scaled"),
+    Case("sgd_update_p", lambda p, g, lr_: oo.sgd_update_p(p, lr_, g=g), [G, G, S],
+         np_fn=lambda p, g, lr_: p - lr_ * g, grad=False, name="plain"),
+    Case("sgd_update_p",
+         lambda p, g, lr_, t: oo.sgd_update_p(p, lr_, g=g, weight_decay=0.2, gtotal=t,
+                                             clip=0.5),
+         [G, G, S, Arg((), gen=np.float32(25.0))],
+         np_fn=lambda p, g, lr_, t: p - lr_ * (g * _scale(None, t, 0.5) + 0.2 * p),
+         grad=False, name="decay-clipped"),
+    Case("sgd_update_p", lambda p, v, lr_: oo.sgd_update_p(p, lr_, v=v, momentum=0.9),
+         [G, G, S], np_fn=lambda p, v, lr_: p - lr_ * v, grad=False, name="momentum"),
+    Case("sgd_update_p",
+         lambda p, g, v, lr_, n: oo.sgd_update_p(p, lr_, g=g, v=v, momentum=0.9, nesterov=True,
+                                                 weight_decay=0.1, gnorm=n),
+         [G, G, G, S, S],
+         np_fn=lambda p, g, v, lr_, n: p - lr_ * (g * _scale(n) + 0.1 * p + 0.9 * v),
+         grad=False, name="nesterov-normalized"),
+]
+COVERS = ["grad_sumsq", "grad_norm_total", "adam_moments", "adam_update_p", "sgd_velocity",
+          "sgd_update_p"]
+
+
+@pytest.mark.parametrize("case", params_for(CASES))
+def test_primitive_forward(case: Case) -> None:
+    forward_check(case)
+
+
+def test_cases_cover_every_primitive() -> None:
+    assert {c.op for c in CASES} == set(COVERS)
+
+
+def _node_error(op: str, inputs: list[tuple[tuple[int, ...], str]], **attrs: Any) -> None:
+    with tracing():
+        ts = [leaf("input", f"i{k}", shape, dtype) for k, (shape, dtype) in enumerate(inputs)]
+        record(op, ts, **attrs)
+
+
+@pytest.mark.parametrize("op, inputs, attrs, match", [
+    ("adam_moments", [((3, 4), "f32"), ((3, 4), "f32")],
+     {"roles": ("state", "g"), "part": "mv", "beta1": 0.9, "beta2": 0.999, "clip": None},
+     r"adam_moments: state has shape \[3, 4\], expected \[2, 3, 4\] for part 'mv'"),
+    ("adam_moments", [((2, 3), "f32"), ((3,), "f32")],
+     {"roles": ("state", "g"), "part": "mv", "beta1": 1.0, "beta2": 0.999, "clip": None},
+     r"beta1 must be in \[0, 1\), got 1.0"),
+    ("adam_moments", [((3,), "f32"), ((3,), "i32")],
+     {"roles": ("state", "g"), "part": "m", "beta1": 0.9, "beta2": 0.999, "clip": None},
+     r"input 'g' must be f32, got i32\[3\]"),
+    ("adam_moments", [((3,), "f32"), ((3,), "f32"), ((), "f32")],
+     {"roles": ("state", "g", "gtotal"), "part": "m", "beta1": 0.9, "beta2": 0.999, "clip": None},
+     r"a 'gtotal' input and attrs clip=None go together"),
+    ("adam_moments", [((3,), "f32"), ((3,), "f32"), ((3,), "f32")],
+     {"roles": ("state", "g", "gnorm"), "part": "m", "beta1": 0.9, "beta2": 0.999, "clip": None},
+     r"input 'gnorm' must be 0-d, got shape \[3\]"),
+    ("adam_update_p", [((3,), "f32"), ((3,), "f32"), ((), "f32")],
+     {"roles": ("p", "m", "lrt"), "eps": 1e-8},
+     r"adam_update_p: needs 'mv' or both 'm' and 'v'"),
+    ("adam_update_p", [((3,), "f32"), ((2, 4), "f32"), ((), "f32")],
+     {"roles": ("p", "mv", "lrt"), "eps": 1e-8}, r"expected a packed 'mv' of shape \[2, 3\]"),
+    ("adam_update_p", [((3,), "f32"), ((2, 3), "f32")],
+     {"roles": ("p", "mv", "lrt"), "eps": 1e-8}, r"roles \['p', 'mv', 'lrt'\] must name each"),
+    ("adam_update_p", [((3,), "f32"), ((2, 3), "f32"), ((), "f32")],
+     {"roles": ("p", "mv", "lr"), "eps": 1e-8}, r"unknown \['lr'\], missing \['lrt'\]"),
+    ("grad_norm_total", [((), "f32")] * 8, {"roles": ("raw",) * 8},
+     r"grad_norm_total: expected 1..7 inputs"),
+    ("grad_norm_total", [((2,), "f32")], {"roles": ("raw",)},
+     r"inputs must be 0-d f32, got f32\[2\]"),
+    ("grad_sumsq", [((2,), "i32")], {}, r"grad_sumsq: input must be f32, got i32\[2\]"),
+    ("sgd_velocity", [((3,), "f32"), ((4,), "f32")],
+     {"roles": ("v", "g"), "momentum": 0.9, "weight_decay": 0.0, "clip": None},
+     r"sgd_velocity: input 'g' has shape \[4\], expected the shape of 'v' \[3\]"),
+    ("sgd_velocity", [((3,), "f32"), ((3,), "f32")],
+     {"roles": ("v", "g"), "momentum": 0.9, "weight_decay": 0.1, "clip": None},
+     r"a 'p' input and weight_decay > 0 go together"),
+    ("sgd_update_p", [((3,), "f32"), ((3,), "f32"), ((), "f32")],
+     {"roles": ("p", "v", "lr"), "momentum": 0.0, "nesterov": False, "weight_decay": 0.0,
+      "clip": None},
+     r"do not fit momentum=0.0"),
+    ("sgd_update_p", [((3,), "f32"), ((3,), "f32"), ((), "f32")],
+     {"roles": ("p", "g", "lr"), "momentum": 0.0, "nesterov": True, "weight_decay": 0.0,
+      "clip": None},
+     r"nesterov needs momentum > 0"),
+])
+def test_primitive_errors(op: str, inputs: list, attrs: dict, match: str) -> None:
+    with pytest.raises(ShapeError, match=match):
+        _node_error(op, inputs, **attrs)
+
+
+# ---- the trajectory model -------------------------------------------------------------------
+
+STEPS = 20
+RNG = np.random.default_rng(7)
+P1 = RNG.standard_normal((4, 3)) * 0.5
+P2 = RNG.standard_normal(3)
+XS = RNG.standard_normal((STEPS, 5, 4))
+YS = RNG.standard_normal((STEPS, 5, 3)) * 2.0
+
+
+def build(config: optim.OptimizerConfig, decay: dict | None = None,
+          limits: DeviceLimits | None = None):
+    with tracing() as st:
+        x = leaf("input", "x", (5, 4))
+        y = leaf("input", "y", (5, 3))
+        p1 = leaf("param", "p1", (4, 3))
+        p2 = leaf("param", "p2", (3,))
+        loss = tg.sum(tg.square(tg.matmul(x, p1) + p2 - y))
+    graph = st.graph
+    graph.outputs = [loss.id]
+    grads = append_grad(graph, loss.id)
+    plan = optim.append_optimizer(graph, grads, config, decay, limits=limits)
+    return graph, loss.id, grads, plan
+
+
+def run_ours(config: optim.OptimizerConfig, decay: dict | None = None,
+             lr_at: Callable[[int], Any] | None = None, float_dtype: Any = np.float64,
+             limits: DeviceLimits | None = None) -> tuple[dict, list[float]]:
+    graph, loss, _, plan = build(config, decay, limits)
+    params = {"p1": P1.copy(), "p2": P2.copy()}
+    states: dict[str, np.ndarray] = {}
+    losses = []
+    for t in range(1, STEPS + 1):
+        scalars = plan.host_scalars(config if lr_at is None else lr_at(t), t)
+        feeds = {**params, **states, "x": XS[t - 1], "y": YS[t - 1], **scalars}
+        values = evaluate(graph, feeds, float_dtype=float_dtype)
+        losses.append(float(values[loss]))
+        for wb in plan.writebacks:
+            (params if wb.kind == "param" else states)[wb.dest] = values[wb.source]
+    return params, losses
+
+
+def run_torch(make_opt: Callable[[list], torch.optim.Optimizer], clip: float | None = None,
+              normalize: tuple[str, ...] = (), lr_at: Callable[[int], float] | None = None
+              ) -> tuple[dict, list[float]]:
+    p1 = torch.tensor(P1, requires_grad=True)
+    p2 = torch.tensor(P2, requires_grad=True)
+    named = {"p1": p1, "p2": p2}
+    opt = make_opt([p1, p2])
+    losses = []
+    for t in range(1, STEPS + 1):
+        if lr_at is not None:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(t)
+        opt.zero_grad()
+        x, y = torch.tensor(XS[t - 1]), torch.tensor(YS[t - 1])
+        loss = ((x @ p1 + p2 - y) ** 2).sum()
+        loss.backward()
+        losses.append(loss.item())
+        with torch.no_grad():
+            for name in normalize:
+                named[name].grad /= named[name].grad.norm() + 1e-8
+        if clip is not None:
+            total = torch.nn.utils.clip_grad_norm_([p1, p2], clip)
+            assert t > 1 or total > clip, "clipping should be active on the first step"
+        opt.step()
+    return {k: v.detach().numpy() for k, v in named.items()}, losses
+
+
+def assert_same(ours: tuple[dict, list], theirs: tuple[dict, list], rtol: float = 1e-4) -> None:
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=rtol, atol=1e-6, err_msg="losses")
+    for name in ("p1", "p2"):
+        np.testing.assert_allclose(ours[0][name], theirs[0][name], rtol=rtol, atol=1e-6,
+                                   err_msg=name)
+
+
+def _groups(p1_kw: dict, p2_kw: dict) -> Callable[[list], list]:
+    return lambda ps: [{"params": [ps[0]], **p1_kw}, {"params": [ps[1]], **p2_kw}]
+
+
+TRAJECTORIES = {
+    "adam": (optim.Adam(0.05), None,
+             lambda ps: torch.optim.Adam(ps, lr=0.05, eps=1e-8), {}),
+    "adamw-bias-not-decayed": (
+        optim.AdamW(0.05, weight_decay=0.1), {"p2": False},
+        lambda ps: torch.optim.AdamW(_groups({}, {"weight_decay": 0.0})(ps), lr=0.05,
+                                     weight_decay=0.1), {}),
+    "adamw-filter": (
+        optim.AdamW(0.05, beta1=0.8, beta2=0.99, weight_decay=0.2, decay_filter="p1"), None,
+        lambda ps: torch.optim.AdamW(_groups({}, {"weight_decay": 0.0})(ps), lr=0.05,
+                                     betas=(0.8, 0.99), weight_decay=0.2), {}),
+    "adamw-flags-win": (
+        optim.AdamW(0.05, weight_decay=0.1, decay_filter=lambda n: n == "p2"),
+        {"p1": True, "p2": False},
+        lambda ps: torch.optim.AdamW(_groups({}, {"weight_decay": 0.0})(ps), lr=0.05,
+                                     weight_decay=0.1), {}),
+    "sgd": (optim.SGD(0.01), None, lambda ps: torch.optim.SGD(ps, lr=0.01), {}),
+    "sgd-momentum": (optim.SGD(0.01, momentum=0.9), None,
+                     lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), {}),
+    "sgd-nesterov-decay": (
+        optim.SGD(0.01, momentum=0.9, nesterov=True, weight_decay=0.05), None,
+        lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9, nesterov=True,
+                                   weight_decay=0.05), {}),
+    "sgd-decay-bias-not-decayed": (
+        optim.SGD(0.01, weight_decay=0.3), {"p2": False},
+        lambda ps: torch.optim.SGD(_groups({}, {"weight_decay": 0.0})(ps), lr=0.01,
+                                   weight_decay=0.3), {}),
+    "adam-clip": (optim.Adam(0.05, clip_grad_norm=1.0), None,
+                  lambda ps: torch.optim.Adam(ps, lr=0.05), {"clip": 1.0}),
+    "sgd-momentum-clip": (optim.SGD(0.05, momentum=0.5, clip_grad_norm=2.0), None,
+                          lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.5),
+                          {"clip": 2.0}),
+    # Clipped, normalized gradients make v small, where the eps forms differ most (~1e-4
+    # relative with eps = 1e-8), so this one uses a tiny eps.
+    "adamw-normalize-then-clip": (
+        optim.AdamW(0.05, eps=1e-12, weight_decay=0.1, clip_grad_norm=0.5,
+                    normalize_grads="p2"), None,
+        lambda ps: torch.optim.AdamW(ps, lr=0.05, eps=1e-12, weight_decay=0.1),
+        {"clip": 0.5, "normalize": ("p2",)}),
+    "sgd-normalize-all": (
+        optim.SGD(0.1, momentum=0.9, nesterov=True, normalize_grads=True), None,
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
+        {"normalize": ("p1", "p2")}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRAJECTORIES))
+def test_trajectory_matches_torch(name: str) -> None:
+    config, decay, make_opt, kw = TRAJECTORIES[name]
+    assert_same(run_ours(config, decay), run_torch(make_opt, **kw))
+
+
+@pytest.mark.parametrize("name", ["adam-clip", "adamw-normalize-then-clip",
+                                  "sgd-nesterov-decay"])
+def test_trajectory_in_float32(name: str) -> None:
+    config, decay, make_opt, kw = TRAJECTORIES[name]
+    assert_same(run_ours(config, decay, float_dtype=np.float32), run_torch(make_opt, **kw),
+                rtol=1e-4)
+
+
+def test_scheduled_lr_drives_adamw_and_its_decay() -> None:
+    sched = lr.warmup(0.05, 4, lr.cosine_annealing(0.05, 0.001, 16))
+    config = optim.AdamW(sched, weight_decay=0.5)
+    ours = run_ours(config, {"p2": False})
+    theirs = run_torch(lambda ps: torch.optim.AdamW(_groups({}, {"weight_decay": 0.0})(ps),
+                                                    lr=0.05, weight_decay=0.5),
+                       lr_at=lambda t: lr.resolve(sched, t))
+    assert_same(ours, theirs)
+
+
+def test_set_lr_updates_the_adamw_shrink() -> None:
+    """Upstream baked 1 - lr*wd as a literal for a numeric LR, so set_lr left the decay at
+    the old LR. Here the shrink is always a per-step input."""
+    config = optim.AdamW(0.05, weight_decay=0.5)
+
+    def lr_at(t: int) -> float:
+        return 0.05 if t <= 10 else 0.01
+
+    ours = run_ours(config, lr_at=lambda t: lr.rebase(lr_at(t), t))
+    theirs = run_torch(lambda ps: torch.optim.AdamW(ps, lr=0.05, weight_decay=0.5),
+                       lr_at=lr_at)
+    assert_same(ours, theirs)
+    _, _, _, plan = build(config)
+    assert plan.host_scalars(0.01, 11)[optim.ADAM_SHRINK] == pytest.approx(1 - 0.01 * 0.5)
+
+
+def test_set_lr_schedule_keeps_the_global_bias_correction_step() -> None:
+    config = optim.Adam(0.05)
+    _, _, _, plan = build(config)
+    rebased = lr.rebase(lr.linear(0.02, 0.0, 10), 11)
+    got = plan.host_scalars(rebased, 11)[optim.ADAM_LRT]
+    want = lr.resolve(lr.linear(0.02, 0.0, 10), 1) * np.sqrt(1 - 0.999 ** 11) / (1 - 0.9 ** 11)
+    assert got == pytest.approx(want)
+
+
+def test_split_moments_match_packed() -> None:
+    """Params whose packed [2, ...] state would not fit one binding keep m and v apart."""
+    config = optim.AdamW(0.05, weight_decay=0.1, clip_grad_norm=1.0)
+    tiny = DeviceLimits(max_storage_buffer_binding_size=64, max_buffer_size=64)
+    graph, _, _, plan = build(config, limits=tiny)
+    assert sorted(plan.states) == ["adam_m_p1", "adam_mv_p2", "adam_v_p1"]
+    assert sum(n.op == "adam_moments" for n in graph.nodes) == 3
+    np.testing.assert_allclose(run_ours(config, limits=tiny)[0]["p1"],
+                               run_ours(config)[0]["p1"], rtol=1e-12)
+
+
+def test_adam_eps_sits_outside_the_bias_correction() -> None:
+    config = optim.Adam(0.1, beta1=0.5, beta2=0.75, eps=0.5)
+    graph, _, grads, plan = build(config)
+    feeds = {"p1": P1, "p2": P2, "x": XS[0], "y": YS[0], **plan.host_scalars(config, 1)}
+    values = evaluate(graph, feeds, float_dtype=np.float64)
+    g = values[grads["p1"]]
+    m, v = 0.5 * g, 0.25 * g * g
+    lrt = 0.1 * np.sqrt(1 - 0.75) / (1 - 0.5)
+    new_p1 = next(values[wb.source] for wb in plan.writebacks if wb.dest == "p1")
+    np.testing.assert_allclose(new_p1, P1 - lrt * m / (np.sqrt(v) + 0.5), rtol=1e-12)
+
+
+# ---- plan structure and configuration errors ------------------------------------------------
+
+def test_writebacks_and_hidden_inputs() -> None:
+    _, _, _, plain = build(optim.SGD(0.1))
+    assert [(w.dest, w.kind) for w in plain.writebacks] == [("p1", "param"), ("p2", "param")]
+    assert plain.scalar_inputs == (optim.SGD_LR,) and plain.states == ()
+    graph, _, _, mom = build(optim.SGD(0.1, momentum=0.9))
+    assert [w.dest for w in mom.writebacks if w.kind == "state"] == ["sgd_v_p1", "sgd_v_p2"]
+    assert graph.states["sgd_v_p1"].attrs["init"] == 0.0
+    _, _, _, adam = build(optim.Adam(0.1))
+    assert adam.scalar_inputs == (optim.ADAM_LRT,)
+    _, _, _, adamw = build(optim.AdamW(0.1, weight_decay=0.1))
+    assert adamw.scalar_inputs == (optim.ADAM_LRT, optim.ADAM_SHRINK)
+    assert adamw.decayed == ("p1", "p2")
+    _, _, _, none = build(optim.AdamW(0.1, weight_decay=0.0))
+    assert none.scalar_inputs == (optim.ADAM_LRT,) and none.decayed == ()
+    graph, _, _, _ = build(optim.Adam(0.1))
+    assert sum(n.op in oo.__all__ for n in graph.nodes) == 4  # two kernels per param
+    assert "adam" in str(adam) and "-> param 'p1'" in str(adam)
+
+
+def test_update_ops_are_not_differentiable() -> None:
+    graph, _, _, plan = build(optim.Adam(0.1))
+    new_p1 = next(w.source for w in plan.writebacks if w.dest == "p1")
+    with tracing(graph, capture=False):
+        out = tg.sum(tg.Tensor(graph, new_p1))
+    with pytest.raises(ShapeError, match="adam_update_p: cannot differentiate"):
+        append_grad(graph, out.id)
+
+
+def test_host_scalars() -> None:
+    _, _, _, plan = build(optim.AdamW(lr.linear(0.1, 0.0, 10), weight_decay=0.2))
+    got = plan.host_scalars(plan.config, 3)
+    lr3 = lr.resolve(lr.linear(0.1, 0.0, 10), 3)
+    assert got == pytest.approx({optim.ADAM_LRT: lr3 * np.sqrt(1 - 0.999 ** 3) / (1 - 0.9 ** 3),
+                                 optim.ADAM_SHRINK: 1 - lr3 * 0.2})
+    assert plan.host_scalars(0.5, 1) == plan.host_scalars(optim.AdamW(0.5, weight_decay=0.2), 1)
+    with pytest.raises(ValueError, match="in more than lr; only the LR can change"):
+        plan.host_scalars(optim.AdamW(0.5, weight_decay=0.3), 1)
+    with pytest.raises(ValueError, match="step t is 1-based, got 0"):
+        plan.host_scalars(0.1, 0)
+    _, _, _, sgd = build(optim.SGD(lr.staircase(1.0, 2, 0.5)))
+    assert sgd.host_scalars(sgd.config, 3) == {optim.SGD_LR: 0.5}
+
+
+def test_config_dicts_round_trip() -> None:
+    import json
+    configs = [optim.Adam(lr.warmup(0.1, 3, 0.05), clip_grad_norm=1.0, normalize_grads="*.w"),
+               optim.AdamW(0.1, weight_decay=0.3, decay_filter="p1"),
+               optim.SGD(lr.multi_step(0.1, [3], 0.5), momentum=0.9, nesterov=True)]
+    for config in configs:
+        data = json.loads(json.dumps(config.to_dict()))
+        assert optim.from_dict(data) == config
+    _, _, _, plan = build(configs[1])
+    again = optim.OptimizerPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again == plan
+    assert again.host_scalars(0.2, 4) == plan.host_scalars(0.2, 4)
+
+
+def test_callable_filter_survives_only_as_a_marker() -> None:
+    config = optim.AdamW(0.1, decay_filter=lambda n: n == "p1")
+    data = config.to_dict()
+    assert data["decay_filter"] == optim.CALLABLE_MARK
+    back = optim.from_dict(data)
+    _, _, _, plan = build(config)
+    assert plan.decayed == ("p1",)
+    assert plan.host_scalars(back, 2) == plan.host_scalars(config, 2)
+    with pytest.raises(ValueError, match="decay_filter was a callable that did not survive"):
+        build(back)
+
+
+def test_bad_configs_raise() -> None:
+    with pytest.raises(ValueError, match="nesterov=True needs momentum > 0, got momentum=0"):
+        optim.SGD(0.1, nesterov=True)
+    with pytest.raises(ValueError, match="SGD: momentum must be >= 0"):
+        optim.SGD(0.1, momentum=-0.5)
+    with pytest.raises(ValueError, match=r"Adam: beta2 must be < 1.0"):
+        optim.Adam(0.1, beta2=1.0)
+    with pytest.raises(ValueError, match="clip_grad_norm must be > 0"):
+        optim.Adam(0.1, clip_grad_norm=0.0)
+    with pytest.raises(TypeError, match="Adam: lr must be a number"):
+        optim.Adam("fast")
+    with pytest.raises(TypeError, match="normalize_grads must be True, False, a glob"):
+        optim.Adam(0.1, normalize_grads=3)
+    with pytest.raises(ValueError, match="unknown optimizer kind 'lamb'"):
+        optim.from_dict({"kind": "lamb", "lr": 0.1})
+
+
+def test_filters_and_names_checked_at_append() -> None:
+    with pytest.raises(ValueError, match=r"normalize_grads='\*.bias' matches none of the "
+                                         r"params \['p1', 'p2'\]"):
+        build(optim.Adam(0.1, normalize_grads="*.bias"))
+    with pytest.raises(ValueError, match="matches none"):
+        build(optim.Adam(0.1, normalize_grads=lambda n: False))
+    with pytest.raises(ValueError, match=r"decay flags for unknown params \['p3'\]"):
+        build(optim.AdamW(0.1), {"p3": True})
+    _, _, _, plan = build(optim.Adam(0.1, normalize_grads="p?"))
+    assert plan.normalized == ("p1", "p2")
+    graph, _, grads, _ = build(optim.SGD(0.1))
+    with pytest.raises(ValueError, match="gradient given for 'q', which is not a param"):
+        optim.append_optimizer(graph, {"q": grads["p1"]}, optim.SGD(0.1))
+    with pytest.raises(ValueError, match=r"param 'p2' is f32\[3\] but its gradient"):
+        optim.append_optimizer(graph, {"p2": grads["p1"]}, optim.SGD(0.1))
+    with pytest.raises(TypeError, match="expected an optim.Adam, AdamW or SGD config"):
+        optim.append_optimizer(graph, grads, {"kind": "sgd", "lr": 0.1})
+
+
+def test_no_grads_appends_nothing() -> None:
+    with tracing() as st:
+        leaf("param", "p", (2,))
+    plan = optim.append_optimizer(st.graph, {}, optim.Adam(0.1))
+    assert plan.writebacks == () and plan.scalar_inputs == () and len(st.graph.nodes) == 1

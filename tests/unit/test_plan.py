@@ -1,0 +1,266 @@
+"""Buffer planning: kinds, liveness reuse, limits, writebacks, and a simulated execution."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import tensorgrad as tg
+from tensorgrad import optim
+from tensorgrad.autograd import append_grad
+from tensorgrad.gpu.interface import DeviceLimits
+from tensorgrad.ir import LEAF_OPS, Graph
+from tensorgrad.ops.registry import OPS
+from tensorgrad.plan import BufferPlan, DeviceLimitError, PlanError, check_plan, plan_buffers
+from tensorgrad.reference import evaluate
+from tensorgrad.tensor import Tensor, leaf, tracing
+
+GPU_NP = {"f32": np.float32, "i32": np.int32, "bool": np.uint32}
+
+
+def training_graph(depth: int = 4, width: int = 6, optimizer=None):
+    """An MLP-ish chain with varying widths, a bool mask, a capture and an optimizer."""
+    with tracing() as st:
+        x = leaf("input", "x", (5, width))
+        y = leaf("input", "y", (5, 2))
+        h = x
+        for k in range(depth):
+            w = leaf("param", f"w{k}", (h.shape[1], width + k % 3))
+            b = leaf("param", f"b{k}", (width + k % 3,))
+            z = tg.matmul(h, w) + b
+            h = tg.where(tg.greater(z, 0.0), z, z * 0.1) if k % 2 else tg.tanh(z)
+        out = tg.matmul(h, leaf("param", "head", (h.shape[1], 2)))
+        loss = tg.mean(tg.square(out - y))
+    graph = st.graph
+    graph.outputs = [loss.id]
+    graph.captures["hidden"] = h.id
+    grads = append_grad(graph, loss.id)
+    opt = optim.append_optimizer(graph, grads, optimizer or optim.AdamW(0.01))
+    return graph, grads, opt
+
+
+def feeds_for(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for kind in ("param", "input"):
+        for name, node in graph.leaves(kind).items():
+            feeds[name] = rng.standard_normal(node.shape).astype(np.float32) * 0.5
+    feeds.update({optim.ADAM_LRT: np.float32(0.01), optim.ADAM_SHRINK: np.float32(0.999)})
+    return feeds
+
+
+def simulate(graph: Graph, plan: BufferPlan, feeds: dict) -> dict[int, np.ndarray]:
+    """Run the graph with one bytearray per planned buffer (pooled ones start as NaN
+    garbage), each node reading its inputs from and writing its output into its buffer.
+    Returns the value of every node that must survive the step, read back at the end."""
+    buffers = [bytearray(np.full(b.size // 4, np.nan, np.float32).tobytes())
+               for b in plan.buffers]
+
+    def view(node_id: int) -> np.ndarray:
+        node = graph[node_id]
+        arr = np.frombuffer(buffers[plan.node_buffer[node_id]], GPU_NP[node.dtype])
+        return arr[: node.size].reshape(node.shape)
+
+    def write(node_id: int, value) -> None:
+        node = graph[node_id]
+        data = np.ascontiguousarray(np.asarray(value).astype(GPU_NP[node.dtype])).tobytes()
+        buffers[plan.node_buffer[node_id]][: len(data)] = data
+
+    for node in graph.nodes:
+        if node.op in LEAF_OPS:
+            name = node.attrs["name"]
+            write(node.id, feeds[name] if name in feeds else
+                  np.full(node.shape, node.attrs.get("init", 0.0)))
+            continue
+        args = [view(i).astype(bool) if graph[i].dtype == "bool" else view(i).copy()
+                for i in node.inputs]
+        write(node.id, OPS[node.op].ref(args, node))
+    keep = {*graph.outputs, *graph.captures.values(), *(w.source for w in plan.writebacks)}
+    return {i: view(i).copy() for i in keep}
+
+
+def test_simulated_execution_with_reuse_matches_evaluate() -> None:
+    graph, grads, opt = training_graph(depth=6)
+    plan = plan_buffers(graph, grads=grads, writebacks=opt.writebacks)
+    assert plan.peak_bytes < plan.unpooled_bytes * 0.7
+    assert max(len(b.nodes) for b in plan.buffers) >= 5  # heavy reuse
+    feeds = feeds_for(graph)
+    want = evaluate(graph, feeds)
+    got = simulate(graph, plan, feeds)
+    for node_id, value in got.items():
+        np.testing.assert_allclose(value, want[node_id], rtol=1e-6, atol=1e-7,
+                                   err_msg=graph[node_id].describe())
+    for name, gid in grads.items():  # gradients are dedicated buffers too
+        buf = plan.buffers[plan.param_grads[name]]
+        assert buf.kind == "param_grad" and buf.nodes == (gid,)
+
+
+def test_no_overlap_and_no_kernel_reads_its_output() -> None:
+    graph, grads, opt = training_graph(depth=5)
+    plan = plan_buffers(graph, grads=grads, writebacks=opt.writebacks)
+    check_plan(graph, plan)
+    last = [-1] * len(graph.nodes)
+    for n in graph.nodes:
+        for i in n.inputs:
+            last[i] = n.id
+    for buf in plan.buffers:
+        occ = sorted(buf.nodes)
+        for a, b in itertools.pairwise(occ):
+            assert b > max(a, last[a]), f"buffer {buf.id}: %{b} overwrites live %{a}"
+    for node in graph.nodes:
+        if node.op not in LEAF_OPS:
+            *ins, out = plan.bindings(node)
+            assert out not in ins, node.describe()
+
+
+def chain(depth: int, with_grad: bool) -> tuple[Graph, dict[str, int]]:
+    with tracing() as st:
+        h = leaf("param", "p", (64,))
+        for _ in range(depth):
+            h = tg.tanh(h) * 1.5
+        loss = tg.sum(h)
+    graph = st.graph
+    graph.outputs = [loss.id]
+    return graph, (append_grad(graph, loss.id) if with_grad else {})
+
+
+def test_reuse_lowers_peak_bytes_on_a_deep_chain() -> None:
+    shallow = plan_buffers(chain(5, False)[0])
+    deep = plan_buffers(chain(50, False)[0])
+    assert deep.peak_bytes == shallow.peak_bytes  # O(1) in depth for a forward chain
+    assert deep.peak_bytes < deep.unpooled_bytes / 20
+    graph, grads = chain(50, True)
+    trained = plan_buffers(graph, grads=grads)
+    assert trained.peak_bytes < trained.unpooled_bytes / 2
+
+
+def test_kinds_and_named_buffers() -> None:
+    graph, grads, opt = training_graph(depth=2)
+    plan = plan_buffers(graph, grads=grads, writebacks=opt.writebacks)
+    kinds = {b.kind for b in plan.buffers}
+    assert kinds == {"param", "param_grad", "input", "state", "intermediate", "output",
+                     "capture"}
+    assert set(plan.params) == set(graph.params)
+    assert set(plan.inputs) == {"x", "y", optim.ADAM_LRT, optim.ADAM_SHRINK}
+    assert set(plan.states) == set(opt.states)
+    assert plan.buffers[plan.states["adam_mv_w0"]].init == 0.0
+    assert plan.buffers[plan.captures["hidden"]].kind == "capture"
+    assert plan.buffers[plan.outputs[0]].kind == "output"
+    for wb in plan.writebacks:
+        src = plan.buffers[wb.src]
+        assert not src.pooled and src.nodes == (wb.source,)
+        assert wb.size == plan.buffers[wb.dst].size
+    for b in plan.buffers:
+        assert b.size >= 4 and b.size % 4 == 0
+        assert b.pooled == (b.kind == "intermediate" and b.nodes[0] not in
+                            {w.source for w in plan.writebacks})
+    text = str(plan)
+    assert "buffer plan:" in text and "'w0'" in text and "writeback" in text
+
+
+def test_allocation_order_and_immediate_release() -> None:
+    with tracing() as st:
+        x = leaf("input", "x", (8,))
+        a = tg.exp(x)          # read only by b
+        b = tg.tanh(a)         # must not take a's buffer
+        tg.sin(b)              # nobody reads it: released at once
+        d = tg.cos(b)          # takes the unread node's buffer
+        e = tg.sum(d)
+    graph = st.graph
+    graph.outputs = [e.id]
+    plan = plan_buffers(graph)
+    nb = plan.node_buffer
+    assert nb[b.id] != nb[a.id]
+    assert nb[b.id + 1] == nb[a.id]          # sin reuses a's released buffer
+    assert nb[d.id] == nb[b.id + 1]          # and cos reuses sin's right away
+    assert plan.buffers[nb[e.id]].size == 4  # 0-d: minimum 4 bytes
+
+
+def test_a_too_small_free_buffer_grows_instead_of_a_new_one() -> None:
+    with tracing() as st:
+        x = leaf("input", "x", (4,))
+        h = tg.exp(x)
+        for n in (8, 16, 32):
+            h = tg.exp(tg.broadcast_to(tg.reshape(h, (1, -1)), (n // h.shape[-1], h.shape[-1])))
+            h = tg.reshape(h, (n,))
+        out = tg.sum(h)
+    graph = st.graph
+    graph.outputs = [out.id]
+    plan = plan_buffers(graph)
+    pooled = [b for b in plan.buffers if b.pooled]
+    assert [b.size for b in pooled] == [128, 128]  # two buffers, grown from 16 bytes
+    assert plan.peak_bytes == 16 + 2 * 128 + 4
+
+
+def test_oversize_param_is_named() -> None:
+    with tracing() as st:
+        w = leaf("param", "big.w", (16, 32))
+        tg.sum(w)
+    limits = DeviceLimits(max_storage_buffer_binding_size=1024, max_buffer_size=4096)
+    with pytest.raises(DeviceLimitError, match=r"param 'big.w' f32\[16, 32\] needs 2,048 bytes, "
+                       r"more than the device's max_storage_buffer_binding_size of 1,024 bytes;"
+                       r" use a smaller batch size"):
+        plan_buffers(st.graph, limits=limits)
+
+
+def test_oversize_intermediate_names_the_op_and_shape() -> None:
+    with tracing() as st:
+        x = leaf("input", "x", (64, 8))
+        w = leaf("param", "w", (8, 64))
+        out = tg.sum(tg.matmul(x, w))
+    st.graph.outputs = [out.id]
+    limits = DeviceLimits(max_storage_buffer_binding_size=1 << 20, max_buffer_size=8192)
+    with pytest.raises(DeviceLimitError, match=r"matmul: the result of matmul \(%2\), "
+                       r"f32\[64, 64\] needs 16,384 bytes, more than the device's "
+                       r"max_buffer_size of 8,192") as err:
+        plan_buffers(st.graph, limits=limits)
+    assert "test_plan.py" in err.value.site  # points at the user's line
+
+
+def test_writeback_errors() -> None:
+    graph, grads, opt = training_graph(depth=1)
+    src = opt.writebacks[-1].source
+    with pytest.raises(PlanError, match="the graph has no param of that name"):
+        plan_buffers(graph, grads=grads, writebacks=[(src, "nope", "param")])
+    with pytest.raises(PlanError, match=r"source is f32\[\d+, \d+\], destination is"):
+        plan_buffers(graph, grads=grads, writebacks=[(opt.writebacks[1].source, "head",
+                                                      "param")])
+    with pytest.raises(PlanError, match="kind must be 'param' or 'state'"):
+        plan_buffers(graph, grads=grads, writebacks=[(src, "head", "output")])
+    with pytest.raises(PlanError, match="expected \\(source node id, dest name, kind\\)"):
+        plan_buffers(graph, grads=grads, writebacks=[(10**6, "head", "param")])
+    head = graph.params["head"].id
+    with pytest.raises(PlanError, match="copies a buffer onto itself"):
+        plan_buffers(graph, grads=grads, writebacks=[(head, "head", "param")])
+
+
+def test_self_check_catches_overlap() -> None:
+    graph, _ = chain(3, False)
+    plan = plan_buffers(graph)
+    tanh1 = next(n.id for n in graph.nodes if n.op == "tanh")
+    user = tanh1 + 1  # mul_scalar reading tanh1
+    pooled = plan.node_buffer[tanh1]
+    # Put the next node's output into the buffer its input still occupies.
+    plan.node_buffer[user] = pooled
+    plan.buffers[pooled] = type(plan.buffers[pooled])(
+        **{**plan.buffers[pooled].__dict__,
+           "nodes": tuple(sorted({*plan.buffers[pooled].nodes, user}))})
+    with pytest.raises(PlanError, match="lifetime overlap|would read and write"):
+        check_plan(graph, plan)
+
+
+def test_grads_must_be_nodes() -> None:
+    graph, _ = chain(2, False)
+    with pytest.raises(PlanError, match="gradient of 'p' is not a node"):
+        plan_buffers(graph, grads={"p": 999})
+
+
+def test_tensor_values_survive_when_outputs_are_leaves() -> None:
+    with tracing() as st:
+        p = leaf("param", "p", (3,))
+        t = Tensor(st.graph, p.id)
+    st.graph.outputs = [t.id]
+    plan = plan_buffers(st.graph)
+    assert plan.outputs == [plan.params["p"]]
