@@ -1,13 +1,29 @@
-"""tensorgrad: train small neural networks on WebGPU, from Python."""
+"""tensorgrad: train small neural networks on WebGPU, from Python.
 
-from . import init, ops
+Write a model against the op set (`tg.matmul`, `tg.relu`, ... and layers such as
+`tg.Linear`), then `train = await tg.compile(model=..., loss=..., inputs=..., optimizer=...)`
+and `await train.step(**data)`. See the README for a complete example.
+"""
+
+from . import init, lr, ops, optim
+from .api import Forward, Training, compile, compile_forward, default_device  # noqa: A004
 from .errors import ShapeError, TraceError
+from .gpu import ShaderCompileError
 from .module import Module
 from .nn import Conv2d, Embedding, LayerNorm, Linear, RMSNorm
 from .ops import *  # noqa: F401,F403
+from .ops.registry import PUBLIC as _PUBLIC
+from .results import Aborted, Captures, Completed, Failed, Result
+from .safetensors import load_safetensors, save_safetensors
 from .tensor import Tensor
 from .trace import trace, trace_forward
 
-__all__ = ["ShapeError", "Tensor", "TraceError", "ops"]
-__all__ += ["Conv2d", "Embedding", "LayerNorm", "Linear", "Module", "RMSNorm", "init", "trace",
-            "trace_forward"]
+__version__ = "0.1.0"
+
+__all__ = [
+    "Aborted", "Captures", "Completed", "Conv2d", "Embedding", "Failed", "Forward",
+    "LayerNorm", "Linear", "Module", "RMSNorm", "Result", "ShaderCompileError", "ShapeError",
+    "Tensor", "TraceError", "Training", "compile", "compile_forward", "default_device", "init",
+    "load_safetensors", "lr", "ops", "optim", "save_safetensors", "trace", "trace_forward",
+    *sorted(_PUBLIC),
+]

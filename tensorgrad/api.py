@@ -27,7 +27,7 @@ from .plan import plan_buffers
 from .results import Aborted, AbortedError, Captures, Completed, Failed, Result
 from .runtime import Executable, PipelineCache, build_executable, target_for
 from .tensor import PRNG_SEED_INPUT
-from .trace import resolve_shapes, trace, trace_forward
+from .trace import normalize_inputs, resolve_shapes, trace, trace_forward
 
 DEFAULT_CHUNK_SIZE = 32
 _default_device: GPUDevice | None = None
@@ -186,7 +186,8 @@ class Training(_Runner):
         seed = random_seed() if seed is None else int(seed)
         tr = trace(model, self._loss_fn, self._input_decls, seed=seed)
         opt = append_optimizer(tr.graph, tr.grads, optimizer,
-                               {n: s.decay for n, s in tr.params.items()})
+                               {n: s.decay for n, s in tr.params.items()},
+                               limits=self.device.limits)
         graph = tr.graph
         graph.outputs = [tr.loss]
         plan = plan_buffers(graph, grads=tr.grads, writebacks=opt.writebacks,
@@ -397,7 +398,8 @@ class Forward(_Runner):
 
     def graph_for(self, **inputs: Any) -> Executable:
         """The executable for these inputs' shapes (compiled on first use, LRU-cached)."""
-        shapes = resolve_shapes(self._input_decls, inputs)
+        dtypes = {n: d.dtype for n, d in normalize_inputs(self._input_decls).items()}
+        shapes = {n: (s, dtypes[n]) for n, s in resolve_shapes(self._input_decls, inputs).items()}
         key = "|".join(f"{n}:{'x'.join(map(str, s))}:{d}" for n, (s, d) in sorted(shapes.items()))
         hit = self._cache.get(key)
         if hit is not None:

@@ -305,19 +305,82 @@ def _moments_packed(p: Node, limits: DeviceLimits) -> bool:
                                        limits.max_buffer_size)
 
 
+@dataclass
+class _Appender:
+    """What the update loops share while appending: tensors, scale inputs, the results."""
+
+    grads: dict[str, Tensor]
+    params: dict[str, Tensor]
+    gnorm: dict[str, Tensor]
+    gtotal: Tensor | None
+    clip: float | None
+    states: list[str] = field(default_factory=list)
+    writebacks: list[Writeback] = field(default_factory=list)
+
+    def scale(self, name: str) -> dict[str, Any]:
+        """The gradient-scale arguments of an update op for param `name`."""
+        return {"gnorm": self.gnorm.get(name), "gtotal": self.gtotal, "clip": self.clip}
+
+    def state(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        self.states.append(name)
+        return leaf("state", name, shape, "f32", init=0.0)
+
+    def write(self, source: Tensor, dest: str, kind: str) -> None:
+        self.writebacks.append(Writeback(source.id, dest, kind))
+
+
+def _append_sgd(a: _Appender, config: SGD, decayed: list[str]) -> tuple[str, ...]:
+    lr_in = leaf("input", SGD_LR, (), "f32")
+    mu = config.momentum
+    for n, g in a.grads.items():
+        p = a.params[n]
+        wd = config.weight_decay if n in decayed else 0.0
+        v_new = None
+        if mu > 0:
+            v = a.state(f"sgd_v_{n}", p.shape)
+            v_new = oo.sgd_velocity(v, g, mu, wd, p if wd else None, **a.scale(n))
+            a.write(v_new, f"sgd_v_{n}", "state")
+        needs_g = mu == 0 or config.nesterov
+        p_new = oo.sgd_update_p(p, lr_in, g if needs_g else None, v_new, momentum=mu,
+                                nesterov=config.nesterov, weight_decay=wd, **a.scale(n))
+        a.write(p_new, n, "param")
+    return (SGD_LR,)
+
+
+def _append_adam(a: _Appender, config: Adam | AdamW, decayed: list[str],
+                 limits: DeviceLimits) -> tuple[str, ...]:
+    lrt = leaf("input", ADAM_LRT, (), "f32")
+    shrink = leaf("input", ADAM_SHRINK, (), "f32") if decayed else None
+    for n, g in a.grads.items():
+        p = a.params[n]
+        kw = {"beta1": config.beta1, "beta2": config.beta2, **a.scale(n)}
+        parts = ("mv",) if _moments_packed(p.node, limits) else ("m", "v")
+        moments = []
+        for part in parts:
+            state = a.state(f"adam_{part}_{n}", (2, *p.shape) if part == "mv" else p.shape)
+            moments.append(oo.adam_moments(state, g, part, **kw))
+            a.write(moments[-1], f"adam_{part}_{n}", "state")
+        p_new = oo.adam_update_p(p, moments, lrt, config.eps, shrink if n in decayed else None)
+        a.write(p_new, n, "param")
+    return (ADAM_LRT, ADAM_SHRINK) if decayed else (ADAM_LRT,)
+
+
 def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerConfig,
-                     decay: Mapping[str, bool] | None = None, *,
+                     decay: Mapping[str, bool | None] | None = None, *,
                      limits: DeviceLimits | None = None) -> OptimizerPlan:
     """Append `config`'s update of every param in `grads` ({param name: grad node id}) to
-    `graph`. `decay` holds per-param decay flags; `limits` decides whether Adam's m and v
-    are packed into one state tensor (two kernels per param instead of three)."""
+    `graph`, in `grads` order. `decay` holds per-param decay flags (None: no flag, the filter
+    decides). `limits` (default: WebGPU's defaults) decides whether Adam's m and v share one
+    ``[2, *shape]`` state (two kernels per param instead of three): they do when it fits one
+    binding."""
     if not isinstance(config, tuple(CONFIGS.values())):
         raise TypeError(f"append_optimizer: expected an optim.Adam, AdamW or SGD config, got "
                         f"{type(config).__name__}")
     decay = dict(decay or {})
-    limits = limits or DeviceLimits()
     params = _check_grads(graph, grads, decay)
     names = list(grads)
+    if not names:
+        return OptimizerPlan(config, (), ())
 
     normalized = [n for n in names if config.normalize_grads is not False
                   and _select("normalize_grads", config.normalize_grads, n)]
@@ -325,75 +388,26 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
         raise ValueError(f"normalize_grads={config.normalize_grads!r} matches none of the "
                          f"params {names}")
     wd = getattr(config, "weight_decay", 0.0)
-    decayed = [n for n in names if wd > 0 and
-               (decay[n] if n in decay else _select("decay_filter", config.decay_filter, n))]
+    decayed = [n for n in names if wd > 0 and (decay[n] if decay.get(n) is not None else
+                                               _select("decay_filter", config.decay_filter, n))]
 
-    if not names:
-        return OptimizerPlan(config, (), ())
-    writebacks: list[Writeback] = []
-    states: list[str] = []
     clip = config.clip_grad_norm
     with tracing(graph, capture=False):
         g = {n: Tensor(graph, grads[n]) for n in names}
-        p = {n: Tensor(graph, params[n].id) for n in names}
-        gnorm: dict[str, Tensor] = {}
-        if clip is not None or normalized:
-            for n in names:
-                if clip is not None or n in normalized:
-                    gnorm[n] = oo.grad_sumsq(g[n])
+        # Sums of squares: every param's when clipping, else the normalized ones'.
+        sumsq = {n: oo.grad_sumsq(g[n]) for n in names if clip is not None or n in normalized}
         gtotal = None
         if clip is not None:
-            gtotal = oo.grad_norm_total([(gnorm[n], "normalized" if n in normalized else "raw")
+            gtotal = oo.grad_norm_total([(sumsq[n], "normalized" if n in normalized else "raw")
                                          for n in names])
-
-        def scale(n: str) -> dict[str, Any]:
-            return {"gnorm": gnorm[n] if n in normalized else None, "gtotal": gtotal,
-                    "clip": clip}
-
-        def state(name: str, shape: tuple[int, ...]) -> Tensor:
-            states.append(name)
-            return leaf("state", name, shape, "f32", init=0.0)
-
+        appender = _Appender(g, {n: Tensor(graph, params[n].id) for n in names},
+                             {n: sumsq[n] for n in normalized}, gtotal, clip)
         if isinstance(config, SGD):
-            scalars: tuple[str, ...] = (SGD_LR,)
-            lr_in = leaf("input", SGD_LR, (), "f32")
-            for n in names:
-                wd_n = config.weight_decay if n in decayed else 0.0
-                mu = config.momentum
-                v_new = None
-                if mu > 0:
-                    v = state(f"sgd_v_{n}", params[n].shape)
-                    v_new = oo.sgd_velocity(v, g[n], mu, wd_n, p[n] if wd_n else None,
-                                            **scale(n))
-                    writebacks.append(Writeback(v_new.id, f"sgd_v_{n}", "state"))
-                needs_g = mu == 0 or config.nesterov
-                p_new = oo.sgd_update_p(p[n], lr_in, g[n] if needs_g else None, v_new,
-                                        momentum=mu, nesterov=config.nesterov,
-                                        weight_decay=wd_n, **scale(n))
-                writebacks.append(Writeback(p_new.id, n, "param"))
+            scalars = _append_sgd(appender, config, decayed)
         else:
-            scalars = (ADAM_LRT, ADAM_SHRINK) if decayed else (ADAM_LRT,)
-            lrt = leaf("input", ADAM_LRT, (), "f32")
-            shrink = leaf("input", ADAM_SHRINK, (), "f32") if decayed else None
-            for n in names:
-                shape = params[n].shape
-                common = {"beta1": config.beta1, "beta2": config.beta2, **scale(n)}
-                if _moments_packed(params[n], limits):
-                    mv = state(f"adam_mv_{n}", (2, *shape))
-                    moments = [oo.adam_moments(mv, g[n], "mv", **common)]
-                    writebacks.append(Writeback(moments[0].id, f"adam_mv_{n}", "state"))
-                else:
-                    moments = []
-                    for part in ("m", "v"):
-                        s = state(f"adam_{part}_{n}", shape)
-                        moments.append(oo.adam_moments(s, g[n], part, **common))
-                        writebacks.append(Writeback(moments[-1].id, f"adam_{part}_{n}",
-                                                    "state"))
-                p_new = oo.adam_update_p(p[n], moments, lrt, config.eps,
-                                         shrink if n in decayed else None)
-                writebacks.append(Writeback(p_new.id, n, "param"))
-    return OptimizerPlan(config, tuple(writebacks), scalars, tuple(states), tuple(decayed),
-                         tuple(normalized), tuple(names))
+            scalars = _append_adam(appender, config, decayed, limits or DeviceLimits())
+    return OptimizerPlan(config, tuple(appender.writebacks), scalars, tuple(appender.states),
+                         tuple(decayed), tuple(normalized), tuple(names))
 
 
 __all__ = ["ADAM_LRT", "ADAM_SHRINK", "SGD", "SGD_LR", "Adam", "AdamW", "OptimizerConfig",

@@ -114,10 +114,17 @@ def _describe(node: Node) -> str:
 
 
 def check_limits(graph: Graph, limits: DeviceLimits) -> None:
-    """Raise :class:`DeviceLimitError` for the first tensor that exceeds a buffer limit."""
+    """Raise :class:`DeviceLimitError` for the first tensor that exceeds a buffer limit, or
+    the first kernel that binds more storage buffers than a shader stage may."""
     caps = (("max_storage_buffer_binding_size", limits.max_storage_buffer_binding_size),
             ("max_buffer_size", limits.max_buffer_size))
+    per_stage = limits.max_storage_buffers_per_shader_stage
     for node in graph.nodes:
+        if node.op not in LEAF_OPS and len(node.inputs) + 1 > per_stage:
+            raise DeviceLimitError(
+                node.op, f"%{node.id} binds {len(node.inputs)} inputs and its output, more "
+                f"than the device's max_storage_buffers_per_shader_stage of {per_stage}",
+                site=node.site)
         for limit_name, cap in caps:
             if node.nbytes > cap:
                 raise DeviceLimitError(

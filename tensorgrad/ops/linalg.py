@@ -303,17 +303,21 @@ def _emit_tiled(ctx: EmitContext, s: MatmulSpec, block: int = BLOCK) -> Kernel:
         e = f"lid + {w.u(w.WG * j)}" if j else "lid"
         # Coalesced along the stored operand's contiguous axis.
         if s.ta:
-            lines.append(f"    let ak{j} = ({e}) / {w.u(tile)};\n    let am{j} = ({e}) % {w.u(tile)};")
+            lines.append(f"    let ak{j} = ({e}) / {w.u(tile)};")
+            lines.append(f"    let am{j} = ({e}) % {w.u(tile)};")
         else:
-            lines.append(f"    let am{j} = ({e}) / {w.u(tk)};\n    let ak{j} = ({e}) % {w.u(tk)};")
+            lines.append(f"    let am{j} = ({e}) / {w.u(tk)};")
+            lines.append(f"    let ak{j} = ({e}) % {w.u(tk)};")
         base, ast = s.a_base("bt", f"min(gm0 + am{j}, {w.u(s.m - 1)})")
         idx = _at(base, ast, f"min(k0 + ak{j}, {w.u(s.k - 1)})")
         lines.append(f"    As[ak{j} * {w.u(pad)} + am{j}] = select(0.0f, in0[{idx}], "
                      f"gm0 + am{j} < {w.u(s.m)} && k0 + ak{j} < {w.u(s.k)});")
         if s.tb:
-            lines.append(f"    let bn{j} = ({e}) / {w.u(tk)};\n    let bk{j} = ({e}) % {w.u(tk)};")
+            lines.append(f"    let bn{j} = ({e}) / {w.u(tk)};")
+            lines.append(f"    let bk{j} = ({e}) % {w.u(tk)};")
         else:
-            lines.append(f"    let bk{j} = ({e}) / {w.u(tile)};\n    let bn{j} = ({e}) % {w.u(tile)};")
+            lines.append(f"    let bk{j} = ({e}) / {w.u(tile)};")
+            lines.append(f"    let bn{j} = ({e}) % {w.u(tile)};")
         base, bst = s.b_base("bt", f"min(gn0 + bn{j}, {w.u(s.n - 1)})")
         idx = _at(base, bst, f"min(k0 + bk{j}, {w.u(s.k - 1)})")
         lines.append(f"    Bs[bk{j} * {w.u(pad)} + bn{j}] = select(0.0f, in1[{idx}], "

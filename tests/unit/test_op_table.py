@@ -1,6 +1,6 @@
 """The op table is complete: every op has all its parts and test cases that exercise it.
 
-Each family test module (tests/unit/test_ops_*.py) exports `CASES` (and optionally `COVERS`,
+Each family test module (tests/unit/test_ops_*.py, and test_optim.py) exports `CASES` (and optionally `COVERS`,
 primitive names its other tests exercise). A public op is covered when some Case names it; a
 primitive is covered when it appears in some case's forward+backward graph or in COVERS.
 """
@@ -27,7 +27,7 @@ cross_entropy nll_loss""".split()
 
 def _family_modules():
     for info in pkgutil.iter_modules(unit_tests.__path__):
-        if info.name.startswith("test_ops_"):
+        if info.name.startswith("test_ops_") or info.name == "test_optim":
             yield importlib.import_module(f"tests.unit.{info.name}")
 
 

@@ -505,5 +505,12 @@ def test_filters_and_names_checked_at_append() -> None:
 def test_no_grads_appends_nothing() -> None:
     with tracing() as st:
         leaf("param", "p", (2,))
-    plan = optim.append_optimizer(st.graph, {}, optim.Adam(0.1))
+    plan = optim.append_optimizer(st.graph, {}, optim.Adam(0.1, normalize_grads=True))
     assert plan.writebacks == () and plan.scalar_inputs == () and len(st.graph.nodes) == 1
+
+
+def test_a_none_flag_leaves_the_choice_to_the_filter() -> None:
+    _, _, _, plan = build(optim.AdamW(0.1, decay_filter="p2"), {"p1": None, "p2": None})
+    assert plan.decayed == ("p2",)
+    _, _, _, plan = build(optim.SGD(0.1, weight_decay=0.1, decay_filter=False), {"p1": True})
+    assert plan.decayed == ("p1",)

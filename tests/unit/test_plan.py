@@ -12,6 +12,7 @@ from tensorgrad import optim
 from tensorgrad.autograd import append_grad
 from tensorgrad.gpu.interface import DeviceLimits
 from tensorgrad.ir import LEAF_OPS, Graph
+from tensorgrad.ops import optim_ops
 from tensorgrad.ops.registry import OPS
 from tensorgrad.plan import BufferPlan, DeviceLimitError, PlanError, check_plan, plan_buffers
 from tensorgrad.reference import evaluate
@@ -264,3 +265,14 @@ def test_tensor_values_survive_when_outputs_are_leaves() -> None:
     st.graph.outputs = [t.id]
     plan = plan_buffers(st.graph)
     assert plan.outputs == [plan.params["p"]]
+
+
+def test_too_many_bindings_for_one_kernel() -> None:
+    with tracing() as st:
+        xs = [leaf("input", f"x{k}", ()) for k in range(5)]
+        out = optim_ops.grad_norm_total([(x, "raw") for x in xs])
+    st.graph.outputs = [out.id]
+    plan_buffers(st.graph)
+    with pytest.raises(DeviceLimitError, match=r"grad_norm_total: %5 binds 5 inputs and its "
+                       r"output, more than the device's max_storage_buffers_per_shader_stage"):
+        plan_buffers(st.graph, limits=DeviceLimits(max_storage_buffers_per_shader_stage=4))

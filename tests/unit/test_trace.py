@@ -198,3 +198,13 @@ def test_resolved_shapes_trace():
     shapes = resolve_shapes(decls, {"x": np.zeros(24, np.float32)})
     f = tg.trace_forward(MLP(), lambda m, x: m(x), shapes)
     assert f.output_shape == (6, 2)
+
+
+@pytest.mark.skipif("capture" not in PUBLIC, reason="tg.capture not defined yet")
+def test_forward_captures_survive_dce():
+    def fwd(m, x):
+        tg.capture("side", tg.exp(x))
+        return m(x)
+
+    f = tg.trace_forward(MLP(), fwd, {"x": (3, 4)})
+    assert f.graph[f.graph.captures["side"]].op == "exp"

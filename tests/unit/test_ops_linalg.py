@@ -1,0 +1,158 @@
+"""matmul: forward vs PyTorch, gradients vs autograd and finite differences, errors, the
+shape of the weight gradient, transposed-operand primitives and kernel-variant choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tensorgrad as tg
+from tensorgrad import ShapeError
+from tensorgrad.ops import linalg
+from tensorgrad.ops.linalg import MatmulSpec, choose_variant, mm
+from tests.harness import Arg, Case, build, run_reference
+from tests.unit.op_tests import forward_check, grad_fd_check, grad_torch_check, params_for
+
+
+def _mm_t(ta: bool, tb: bool):
+    """torch twin of the primitive with transpose flags."""
+    def fn(a, b):
+        return (a.transpose(-1, -2) if ta else a) @ (b.transpose(-1, -2) if tb else b)
+    return fn
+
+
+CASES = [
+    Case("matmul", tg.matmul, [Arg((3, 4)), Arg((4, 5))], torch_fn=torch.matmul),
+    Case("matmul", tg.matmul, [Arg((5, 7)), Arg((7, 3))], torch_fn=torch.matmul, name="odd"),
+    Case("matmul", tg.matmul, [Arg((2, 3, 4)), Arg((4, 5))], torch_fn=torch.matmul,
+         name="flattened-lhs"),
+    Case("matmul", tg.matmul, [Arg((2, 2, 3, 4)), Arg((4, 1))], torch_fn=torch.matmul,
+         name="rank4-lhs-n1"),
+    Case("matmul", tg.matmul, [Arg((1, 4)), Arg((4, 1))], torch_fn=torch.matmul,
+         name="size1"),
+    Case("matmul", lambda a, b: a @ b, [Arg((3, 4)), Arg((4, 2))],
+         torch_fn=lambda a, b: a @ b, name="operator"),
+    Case("matmul", tg.matmul, [Arg((2, 3, 4)), Arg((2, 4, 5))], torch_fn=torch.matmul,
+         name="batched"),
+    Case("matmul", tg.matmul, [Arg((2, 1, 3, 4)), Arg((2, 1, 4, 6))],
+         torch_fn=torch.matmul, name="batched-rank4"),
+    Case("matmul", tg.matmul, [Arg((3, 1, 4)), Arg((3, 4, 1))], torch_fn=torch.matmul,
+         name="batched-m1-n1"),
+    Case("matmul", tg.matmul, [Arg((3, 4)), Arg((4, 5), param=False)],
+         torch_fn=torch.matmul, name="frozen-rhs"),
+    # Transposed-operand primitives (what backward rules and passes emit).
+    Case("matmul", lambda a, b: mm(a, b, True, False), [Arg((4, 3)), Arg((4, 5))],
+         torch_fn=_mm_t(True, False), name="ta"),
+    Case("matmul", lambda a, b: mm(a, b, False, True), [Arg((2, 3, 4)), Arg((5, 4))],
+         torch_fn=_mm_t(False, True), name="tb-flattened"),
+    Case("matmul", lambda a, b: mm(a, b, True, True), [Arg((4, 3)), Arg((5, 4))],
+         torch_fn=_mm_t(True, True), name="ta-tb"),
+    Case("matmul", lambda a, b: mm(a, b, True, False), [Arg((2, 4, 3)), Arg((2, 4, 5))],
+         torch_fn=_mm_t(True, False), name="batched-ta"),
+    Case("matmul", lambda a, b: mm(a, b, False, True), [Arg((2, 3, 4)), Arg((2, 5, 4))],
+         torch_fn=_mm_t(False, True), name="batched-tb"),
+    Case("matmul", lambda a, b: mm(a, b, True, True), [Arg((2, 4, 3)), Arg((2, 5, 4))],
+         torch_fn=_mm_t(True, True), name="batched-ta-tb"),
+    # The FD exemplar of the reference: p[4,8] @ x[8,16].
+    Case("matmul", tg.matmul, [Arg((4, 8), gen="unit"), Arg((8, 16), gen="unit", param=False)],
+         torch_fn=torch.matmul, name="exemplar"),
+]
+
+
+@pytest.mark.parametrize("case", params_for(CASES))
+def test_forward(case: Case) -> None:
+    forward_check(case)
+
+
+@pytest.mark.parametrize("case", params_for(CASES, grad=True))
+def test_grad_vs_torch(case: Case) -> None:
+    grad_torch_check(case)
+
+
+@pytest.mark.parametrize("case", params_for(CASES, fd=True))
+def test_grad_vs_finite_differences(case: Case) -> None:
+    grad_fd_check(case)
+
+
+def test_weight_grad_contracts_flattened_rows() -> None:
+    """d/dW of [8, 5, 3] @ [3, 4] is one [3, 40] @ [40, 4] product: no [8, 3, 4] tensor."""
+    b = build(Case("matmul", tg.matmul, [Arg((8, 5, 3)), Arg((3, 4))]))
+    grad = b.graph[b.grads["a1"]]
+    assert grad.op == "matmul" and grad.attrs["transpose_a"]
+    assert [b.graph[i].shape for i in grad.inputs] == [(40, 3), (40, 4)]
+    assert all(n.shape != (8, 3, 4) for n in b.graph.nodes)
+
+
+def test_backward_needs_no_transpose_copies() -> None:
+    for args in ([Arg((6, 3)), Arg((3, 4))], [Arg((2, 6, 3)), Arg((2, 3, 4))]):
+        b = build(Case("matmul", tg.matmul, args))
+        assert "permute" not in {n.op for n in b.graph.nodes}
+
+
+def test_rank2_rhs_uses_matmul_and_batched_rhs_uses_matmul_batched() -> None:
+    b = build(Case("matmul", tg.matmul, [Arg((2, 3, 4)), Arg((4, 5))], grad=False))
+    assert b.graph[b.out].op == "matmul"
+    b = build(Case("matmul", tg.matmul, [Arg((2, 3, 4)), Arg((2, 4, 5))], grad=False))
+    assert b.graph[b.out].op == "matmul_batched"
+
+
+def test_embedding_gradient_vs_finite_differences() -> None:
+    """The reference's embedding exemplar: table [10, 4], idx [2, 5, 7] (matmul backward)."""
+    idx = np.array([2, 5, 7], np.int32)
+    case = Case("embedding", tg.embedding, [Arg((10, 4), gen="unit"), Arg((3,), "i32", idx)])
+    grad_fd_check(case)
+    grad_torch_check(Case(**{**case.__dict__,
+                             "torch_fn": lambda t, i: torch.nn.functional.embedding(i, t)}))
+
+
+@pytest.mark.parametrize("args, match", [
+    ([Arg((3, 4)), Arg((5, 6))],
+     r"matmul: inner dims differ: lhs \[3, 4\] has 4, rhs \[5, 6\] has 5"),
+    ([Arg((4,)), Arg((4, 2))], r"matmul: lhs must have rank >= 2, got shape \[4\]"),
+    ([Arg((3, 4)), Arg((4,))], r"matmul: rhs must have rank >= 2, got shape \[4\]"),
+    ([Arg((2, 3, 4)), Arg((3, 4, 5))],
+     r"matmul: batch dims differ: lhs \[2, 3, 4\] has \[2\], rhs \[3, 4, 5\] has \[3\]"),
+    ([Arg((3, 4)), Arg((2, 4, 5))], r"matmul: a batched matmul needs equal ranks"),
+    ([Arg((2, 2, 3, 4)), Arg((2, 4, 5))], (r"matmul: a batched matmul needs equal ranks, "
+                                          r"got lhs \[2, 2, 3, 4\] and rhs \[2, 4, 5\]")),
+    ([Arg((3, 4), "i32", "int:0:3"), Arg((4, 5))], r"matmul: lhs must be f32, got i32"),
+])
+def test_errors(args, match) -> None:
+    with pytest.raises(ShapeError, match=match):
+        build(Case("err", tg.matmul, args, grad=False))
+
+
+def test_error_names_user_line() -> None:
+    with pytest.raises(ShapeError) as info:
+        build(Case("err", tg.matmul, [Arg((3, 4)), Arg((5, 6))], grad=False))
+    assert "test_ops_linalg.py" in str(info.value)
+
+
+def test_reference_float64() -> None:
+    b = build(Case("matmul", tg.matmul, [Arg((2, 3, 4)), Arg((4, 5))], grad=False))
+    vals = run_reference(b, float_dtype=np.float64)
+    assert vals[b.out].dtype == np.float64
+    np.testing.assert_allclose(vals[b.out], b.values["a0"].astype(np.float64) @
+                               b.values["a1"].astype(np.float64), rtol=1e-12)
+
+
+@pytest.mark.parametrize("spec, tiled, want", [
+    (MatmulSpec(1, 1024, 1024, 1024), True, "tiled4"),
+    (MatmulSpec(1, 512, 8192, 512, ta=True), True, "tiled2"),
+    (MatmulSpec(1, 128, 4096, 128, ta=True), True, "tiled1"),
+    (MatmulSpec(1, 64, 16384, 64, ta=True), True, "reduce"),
+    (MatmulSpec(1, 1, 1024, 1024), True, "reduce"),
+    (MatmulSpec(1, 8, 8, 8), True, "naive"),
+    (MatmulSpec(64, 16, 16, 16, tb=True), True, "tiled1"),
+    (MatmulSpec(1, 1024, 1024, 1024), False, "blocked"),
+    (MatmulSpec(1, 8, 512, 512), False, "naive"),
+    (MatmulSpec(1, 64, 16384, 64), False, "blocked"),
+])
+def test_variant_choice(spec: MatmulSpec, tiled: bool, want: str) -> None:
+    assert choose_variant(spec, tiled) == want
+
+
+def test_forced_variant(monkeypatch) -> None:
+    monkeypatch.setattr(linalg, "FORCE_VARIANT", "naive")
+    assert choose_variant(MatmulSpec(1, 1024, 1024, 1024), True) == "naive"
