@@ -61,12 +61,17 @@ def chain_program(dev: NativeDevice, n_dispatch: int, n: int, chunk: int, copy_e
     return dev.create_program(steps, chunk), bufs
 
 
-async def time_steps(dev: NativeDevice, program, writes, reads, steps: int) -> list[float]:
+async def time_steps(dev: NativeDevice, program, writes, reads, steps: int,
+                     cpu: list[float] | None = None) -> list[float]:
+    """Wall ms of each step; the process's CPU ms (all threads: a CPU adapter's too) go to
+    `cpu`."""
     out = []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         await dev.execute(program, writes, reads)
         out.append((time.perf_counter() - t0) * 1e3)
+        if cpu is not None:
+            cpu.append((time.process_time() - c0) * 1e3)
     return out
 
 
@@ -78,18 +83,24 @@ async def bench_chunking(dev: NativeDevice, n_dispatch: int, steps: int, n: int)
         programs[chunk] = (program, [(bufs[0], data)], [(bufs[n_dispatch % 2], 4 * n)])
         await time_steps(dev, *programs[chunk], 3)  # warm up
     times: dict[int, list[float]] = {0: [], 32: []}
+    cpu: dict[int, list[float]] = {0: [], 32: []}
     for _ in range(steps):  # interleaved, so drifts hit both alike
         for chunk in (0, 32):
-            times[chunk] += await time_steps(dev, *programs[chunk], 1)
+            times[chunk] += await time_steps(dev, *programs[chunk], 1, cpu[chunk])
     med = {c: statistics.median(t) for c, t in times.items()}
     low = {c: min(t) for c, t in times.items()}
+    cpu_med = {c: statistics.median(t) for c, t in cpu.items()}
     n_sub = len(programs[32][0].chunks)
-    print(f"{n_dispatch} dispatches over {n} floats, {steps} steps each (interleaved):")
-    print(f"  chunk_size  0: median {med[0]:8.2f} ms/step, min {low[0]:8.2f} (1 submission)")
-    print(f"  chunk_size 32: median {med[32]:8.2f} ms/step, min {low[32]:8.2f} "
-          f"({n_sub} submissions)")
-    print(f"  overhead of chunking: median {100 * (med[32] - med[0]) / med[0]:+.1f} %, "
-          f"min {100 * (low[32] - low[0]) / low[0]:+.1f} %")
+    print(f"{n_dispatch} dispatches over {n} floats, {steps} steps each (interleaved), "
+          f"waits: {dev.wait_mode}")
+    for chunk, what in ((0, "1 submission"), (32, f"{n_sub} submissions")):
+        print(f"  chunk_size {chunk:2d}: median {med[chunk]:8.2f} ms/step, min {low[chunk]:8.2f},"
+              f" CPU {cpu_med[chunk]:8.2f} ms/step ({what})")
+
+    def pct(d: dict[int, float]) -> str:
+        return f"{100 * (d[32] - d[0]) / d[0]:+.1f} %"
+
+    print(f"  overhead of chunking: median {pct(med)}, min {pct(low)}, CPU {pct(cpu_med)}")
 
 
 async def bench_kernels(dev: NativeDevice, steps: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Coroutine, Mapping
 
 from .codegen.kernel import emit_graph
 from .errors import ShapeError
@@ -50,7 +50,9 @@ def _pipelines(device: GPUDevice) -> PipelineCache:
 
 
 def _scalar(x: Any) -> float:
-    return float(x.reshape(-1)[0]) if hasattr(x, "reshape") else float(x[0])
+    if hasattr(x, "reshape"):
+        return float(x.reshape(-1)[0])
+    return float(x.tolist() if x.ndim == 0 else x[0])  # a memoryview (no numpy)
 
 
 class ParamStore:
@@ -122,11 +124,12 @@ class _Runner:
         self._generation = 0
         self._destroyed = False
 
-    async def _guard(self, call: Callable[[], Any]) -> Result:
-        generation = self._generation
+    async def _guard(self, call: Callable[[], Any], generation: int) -> Result:
+        """Run `call`; Aborted if the graph was replaced/destroyed since `generation` (the
+        generation when step/run was called, not when the coroutine first ran)."""
         try:
-            if self._destroyed:
-                raise AbortedError("destroyed")
+            if self._destroyed or generation != self._generation:
+                raise AbortedError("destroyed or replaced")
             result = await call()
         except AbortedError:
             return Aborted()
@@ -161,7 +164,8 @@ def _check_user_inputs(where: str, given: Mapping[str, Any], declared: Mapping[s
     if missing or extra:
         parts = []
         if missing:
-            parts.append(f"missing {missing}")
+            parts.append(f"missing {missing} (declared as "
+                         + ", ".join(f"{n}: {declared[n]!r}" for n in missing) + ")")
         if extra:
             parts.append(f"unexpected {extra}")
         raise ShapeError(where, f"inputs {', '.join(parts)}; declared inputs are "
@@ -238,10 +242,11 @@ class Training(_Runner):
         return self._t
 
     # -- steps ---------------------------------------------------------------------------
-    async def step(self, **inputs: Any) -> Result:
-        """One forward + backward + optimizer update. Returns Completed(loss, captures),
-        Aborted() or Failed(error); a NaN or Inf loss is Failed."""
-        return await self._guard(lambda: self._step(inputs))
+    def step(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
+        """One forward + backward + optimizer update (await it). Returns Completed(loss,
+        captures), Aborted() or Failed(error); a NaN or Inf loss is Failed. A step called
+        before replace_model/destroy returns Aborted even if it had not started yet."""
+        return self._guard(lambda: self._step(inputs), self._generation)
 
     async def _step(self, inputs: Mapping[str, Any]) -> Result:
         exe = self._exe
@@ -422,9 +427,10 @@ class Forward(_Runner):
             old.destroy()
         return exe
 
-    async def run(self, **inputs: Any) -> Result:
-        """Run the forward: Completed(output, captures), Aborted() or Failed(error)."""
-        return await self._guard(lambda: self._run(inputs))
+    def run(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
+        """Run the forward (await it): Completed(output, captures), Aborted() or
+        Failed(error)."""
+        return self._guard(lambda: self._run(inputs), self._generation)
 
     async def _run(self, inputs: Mapping[str, Any]) -> Result:
         _check_user_inputs("run", inputs, self._input_decls)

@@ -77,7 +77,7 @@ def from_bytes(data: Any, shape: Sequence[int], dtype: str) -> Any:
                             data[: 4 * count], dtype=np_name).reshape(tuple(shape)).copy()
         return arr.astype(bool) if dtype == "bool" else arr
     view = memoryview(bytes(data[: 4 * count])).cast(fmt)
-    return view.cast("B").cast(fmt, list(shape)) if len(shape) > 1 else view
+    return view.cast("B").cast(fmt, list(shape)) if len(shape) != 1 else view  # 0-d too
 
 
 def scalar_bytes(value: float | int, dtype: str) -> bytes:

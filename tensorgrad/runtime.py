@@ -139,14 +139,21 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
         buffers.append(buf)
         owned.append(True)
     steps: list[Dispatch | Copy] = []
-    for node, kernel in zip(graph.nodes, kernels):
-        if kernel.threads <= 0:
-            continue
-        pipeline = pipelines.get(kernel.wgsl, node.op)
-        binds = tuple(buffers[plan.node_buffer[i]] for i in (*node.inputs, node.id))
-        steps.append(Dispatch(pipeline, binds, dispatch_size(kernel.threads,
-                                                             kernel.workgroup_size), node.op))
-    for wb in plan.writebacks:
-        steps.append(Copy(buffers[wb.src], buffers[wb.dst], wb.size))
-    program = device.create_program(steps, chunk_size)
+    try:
+        for node, kernel in zip(graph.nodes, kernels):
+            if kernel.threads <= 0:
+                continue
+            pipeline = pipelines.get(kernel.wgsl, node.op)
+            binds = tuple(buffers[plan.node_buffer[i]] for i in (*node.inputs, node.id))
+            steps.append(Dispatch(pipeline, binds, dispatch_size(kernel.threads,
+                                                                 kernel.workgroup_size),
+                                  node.op))
+        for wb in plan.writebacks:
+            steps.append(Copy(buffers[wb.src], buffers[wb.dst], wb.size))
+        program = device.create_program(steps, chunk_size)
+    except BaseException:  # e.g. ShaderCompileError: free what this call created
+        for buf, own in zip(buffers, owned):
+            if own:
+                device.destroy_buffer(buf)
+        raise
     return Executable(device, graph, plan, kernels, buffers, owned, program, output_id)

@@ -110,7 +110,7 @@ def batch(rng: random.Random, pairs: list[tuple[int, int]] = TRAIN_PAIRS,
 
 
 def _flat_ints(output: object) -> list[int]:
-    if hasattr(output, "tolist"):
+    if hasattr(output, "reshape"):  # a numpy array (a memoryview has tolist, not reshape)
         return [int(v) for v in output.reshape(-1).tolist()]  # type: ignore[attr-defined]
     return list(memoryview(output).cast("B").cast("i"))  # type: ignore[arg-type]
 

@@ -16,11 +16,13 @@ first adapter request of the process: the Vulkan loader reads the variables once
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import glob
 import importlib
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -177,6 +179,60 @@ class NativeProgram:
 # ----------------------------------------------------------------------------- device
 
 
+class _NativeWorkDone:
+    """Queue work-done notifications for wgpu-native, polled without blocking.
+
+    Uses wgpu-py's private cffi handles (``wgpu.backends.wgpu_native._api``); the callback is
+    typed from the bundled header, so it also fits the 0.32.0 header that wgpu-py's own
+    on_submitted_work_done does not (pygfx/wgpu-py#834)."""
+
+    def __init__(self, device: Any):
+        from wgpu.backends.wgpu_native import _api
+
+        self._ffi, self._lib, self._libf = _api.ffi, _api.lib, _api.libf
+        self._device = device
+        self._status: dict[int, int] = {}
+        self._ticket = 0
+        ffi = self._ffi
+
+        def on_done(status: Any, *_rest: Any) -> None:
+            self._status[int(ffi.cast("uintptr_t", _rest[-2]))] = int(status)
+
+        self._callback = ffi.callback(ffi.typeof("WGPUQueueWorkDoneCallback"), on_done)
+
+    def signal(self) -> int:
+        """Ask for a notification when the work submitted so far is done; a ticket."""
+        ffi = self._ffi
+        self._ticket += 1
+        info = ffi.new("WGPUQueueWorkDoneCallbackInfo *")
+        info.mode = self._lib.WGPUCallbackMode_AllowProcessEvents
+        info.callback = self._callback
+        info.userdata1 = ffi.cast("void *", self._ticket)
+        self._libf.wgpuQueueOnSubmittedWorkDone(self._device.queue._internal, info[0])
+        return self._ticket
+
+    def _poll(self) -> None:
+        self._libf.wgpuDevicePoll(self._device._internal, False, self._ffi.NULL)
+
+    async def wait(self, ticket: int) -> None:
+        """Until `ticket`'s work is done: non-blocking polls, yielding to the event loop;
+        short sleeps (50 us .. 0.5 ms) first, then 1 ms asyncio sleeps."""
+        status = self._status
+        delay = 0.0
+        self._poll()
+        while ticket not in status:
+            if delay < 1e-3:
+                if delay:
+                    time.sleep(delay)  # noqa: ASYNC251 - < 1 ms, asyncio can't sleep that short
+                await asyncio.sleep(0)
+                delay = 5e-5 if not delay else delay * 2
+            else:
+                await asyncio.sleep(delay)
+            self._poll()
+        if status.pop(ticket) != self._lib.WGPUQueueWorkDoneStatus_Success:
+            raise RuntimeError("GPU queue work failed (device lost?)")
+
+
 class NativeDevice:
     """A WebGPU device from wgpu-py (``wgpu`` or ``wgpudawn``). See :class:`GPUDevice`."""
 
@@ -210,10 +266,11 @@ class NativeDevice:
         self._map_read = wgpu.MapMode.READ
         self._staging: dict[int, list[Any]] = {}
         self._destroyed = False
-        # How to wait for a submission: the queue's on_submitted_work_done when it works (it
-        # raises TypeError in wgpu 0.32.0, pygfx/wgpu-py#834), else a 4-byte copy into a
-        # MAP_READ "fence" buffer encoded at the end of the submission, then mapped.
-        self.use_fence = False
+        # How to learn that a submission is done, set by _probe_work_done (see there):
+        # "native-poll", "queue" or "fence".
+        self.wait_mode = "queue"
+        self.wait_note = ""
+        self._native_done: _NativeWorkDone | None = None
         # wgpu-py's map_async(READ) first submits an empty command buffer, which blocks while
         # its poll thread waits on the GPU; the fence's contents are never read, so skip it.
         self._fence_map_mode: Any = "READ_NOSYNC" if self.backend == "wgpu" else self._map_read
@@ -221,12 +278,31 @@ class NativeDevice:
         self._fences: list[Any] = []
 
     async def _probe_work_done(self) -> None:
-        """Use the queue's on_submitted_work_done if it works, else fence buffers."""
+        """Choose how to wait for a submission.
+
+        - "native-poll" (wgpu-native): the queue's work-done callback, polled without blocking
+          from this thread. wgpu-py's own promises are served by a poll thread whose blocking
+          poll waits for *all* submitted work and holds a lock that queue.submit needs, so
+          every wait drains the GPU and chunk i + 1 could not be queued behind chunk i.
+          It uses wgpu-py's private cffi handles: probed here, skipped when unavailable.
+        - "queue": ``queue.on_submitted_work_done_async()`` (Dawn; a fixed wgpu-py). In
+          wgpu 0.32.0 it raises TypeError (pygfx/wgpu-py#834).
+        - "fence": a 4-byte copy into a MAP_READ buffer at the end of the submission, mapped.
+        """
+        if self.backend == "wgpu":
+            try:
+                native = _NativeWorkDone(self.device)
+                await asyncio.wait_for(native.wait(native.signal()), 10)
+            except Exception as err:  # noqa: BLE001 - private API moved: use a public way
+                self.wait_note = f"native-poll unavailable: {_error_text(err)}"
+            else:
+                self._native_done, self.wait_mode = native, "native-poll"
+                return
         try:
-            await self.queue.on_submitted_work_done_async()
-            self.use_fence = False
+            await asyncio.wait_for(self.queue.on_submitted_work_done_async(), 10)
+            self.wait_mode = "queue"
         except Exception:  # noqa: BLE001 - any failure: fall back to the portable fence
-            self.use_fence = True
+            self.wait_mode = "fence"
 
     def _take_fence(self) -> Any:
         if self._fence_src is None:
@@ -237,7 +313,7 @@ class NativeDevice:
                                          label="tensorgrad-fence")
 
     def _submit(self, command_buffer: Any, fence: Any) -> Any:
-        """Submit; return an awaitable that resolves when this submission is done."""
+        """Submit; return what :meth:`_wait` needs to wait for this submission."""
         self.queue.submit([command_buffer])
         if fence is not None:
             try:
@@ -245,11 +321,16 @@ class NativeDevice:
             except (ValueError, TypeError, KeyError):  # a wgpu-py without "READ_NOSYNC"
                 self._fence_map_mode = self._map_read
                 return fence.map_async(self._map_read, 0, 4)
+        if self._native_done is not None:
+            return self._native_done.signal()
         return self.queue.on_submitted_work_done_async()
 
     async def _wait(self, done: Any, fence: Any) -> None:
         try:
-            await done
+            if isinstance(done, int):
+                await self._native_done.wait(done)
+            else:
+                await done
         finally:
             if fence is not None:
                 if fence.map_state == "mapped":
@@ -462,7 +543,7 @@ class NativeDevice:
         for i, ops in enumerate(chunks):  # encoding chunk i overlaps the GPU running i - 1
             # The last submission needs no wait of its own when the read maps follow it.
             wait = i < last or not planned
-            fence = self._take_fence() if wait and self.use_fence else None
+            fence = self._take_fence() if wait and self.wait_mode == "fence" else None
             command_buffer = self._encode(ops, planned if i == last else (), fence)
             if wait:
                 current = (self._submit(command_buffer, fence), fence)

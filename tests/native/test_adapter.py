@@ -157,6 +157,23 @@ def test_long_program_same_result_for_any_chunking(gpu_device: NativeDevice,
         assert bytes(hist) == bytes(ref_hist)
 
 
+def test_fence_wait_mode_gives_the_same_result(gpu_device: NativeDevice, monkeypatch) -> None:
+    """The portable fallback (a mapped 4-byte fence per submission) instead of the queue's
+    work-done notification."""
+    dev, n, steps = gpu_device, 200, 50
+    x0 = np.arange(n, dtype=np.float32)
+    results = []
+    for mode in (dev.wait_mode, "fence"):
+        monkeypatch.setattr(dev, "wait_mode", mode)
+        if mode == "fence":
+            monkeypatch.setattr(dev, "_native_done", None)
+        program, bufs, _ = _long_program(dev, 3, n, steps)
+        (out,) = run(dev.execute(program, [(bufs[0], x0)], [(bufs[steps % 2], 4 * n)]))
+        results.append(bytes(out))
+    assert results[0] == results[1]
+    assert dev._fences, "fence buffers are pooled after use"
+
+
 def test_bounded_work_in_flight(gpu_device: NativeDevice, monkeypatch) -> None:
     """Chunk i + 1 is submitted before chunk i is waited for; never more than 2 outstanding."""
     dev, n = gpu_device, 256

@@ -1,0 +1,241 @@
+// A tiny canvas line plot (no dependencies): axes with ticks, linear or log y, several series.
+//
+//   import { linePlot } from "../common/plot.js";
+//   linePlot(canvas, { title: "loss", logY: true, series: [{ xs, ys, color, label }] });
+//
+// After drawing, canvas.dataset.points holds the number of finite points drawn (tests read it).
+
+const FONT = "12px system-ui, sans-serif";
+export const COLORS = { blue: "#2563eb", orange: "#ea580c", green: "#16a34a", gray: "#9ca3af",
+                        red: "#dc2626", ink: "#111827", grid: "#e5e7eb", axis: "#6b7280" };
+
+function niceStep(span, count) {
+  const raw = span / Math.max(1, count);
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  const norm = raw / mag;
+  return (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
+}
+
+function linearTicks(lo, hi, count = 5) {
+  if (!(hi > lo)) return [lo];
+  const step = niceStep(hi - lo, count);
+  const ticks = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
+    ticks.push(Math.abs(v) < step * 1e-9 ? 0 : v);
+  }
+  return ticks;
+}
+
+function logTicks(lo, hi) {
+  const ticks = [];
+  for (let e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e++) {
+    const v = 10 ** e;
+    if (v >= lo * 0.999 && v <= hi * 1.001) ticks.push(v);
+  }
+  if (ticks.length < 2) {  // less than a decade: 1-2-5 ticks
+    for (let e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e++) {
+      for (const m of [2, 5]) {
+        const v = m * 10 ** e;
+        if (v >= lo && v <= hi) ticks.push(v);
+      }
+    }
+    ticks.sort((a, b) => a - b);
+  }
+  if (ticks.length < 3) return linearTicks(lo, hi, 4).filter((v) => v > 0);  // a narrow range
+  return ticks;
+}
+
+function fmt(v) {
+  if (v === 0) return "0";
+  const a = Math.abs(v);
+  if (a >= 1e4 || a < 1e-2) return v.toExponential(0).replace("e+", "e");
+  return String(+v.toPrecision(3));
+}
+
+/** Centered moving average of `ys` over `window` points (default: 1/40 of the length, at
+ *  least 5): a smooth trend for noisy losses, without the lag of an exponential average. */
+export function smooth(ys, window) {
+  const n = ys.length;
+  const half = Math.floor(Math.max(5, window ?? Math.round(n / 40)) / 2);
+  const sum = new Float64Array(n + 1), count = new Float64Array(n + 1);
+  for (let i = 0; i < n; i++) {
+    const ok = Number.isFinite(ys[i]);
+    sum[i + 1] = sum[i] + (ok ? ys[i] : 0);
+    count[i + 1] = count[i] + (ok ? 1 : 0);
+  }
+  const out = new Float64Array(n);
+  for (let i = 0; i < n; i++) {
+    const lo = Math.max(0, i - half), hi = Math.min(n, i + half + 1);
+    const c = count[hi] - count[lo];
+    out[i] = c > 0 ? (sum[hi] - sum[lo]) / c : NaN;
+  }
+  return out;
+}
+
+/** Size the canvas backing store to its CSS box times the device pixel ratio. */
+function fit(canvas) {
+  const dpr = window.devicePixelRatio || 1;
+  const w = Math.max(1, Math.round(canvas.clientWidth || canvas.width));
+  const h = Math.max(1, Math.round(canvas.clientHeight || canvas.height));
+  if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
+    canvas.width = Math.round(w * dpr);
+    canvas.height = Math.round(h * dpr);
+  }
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  return { ctx, w, h };
+}
+
+/**
+ * Draw `series` ([{xs, ys, color, label, width, dots}]) into `canvas`.
+ * Options: title, xLabel, yLabel, logY, yMin/yMax/xMin/xMax (fixed ranges), empty (text shown
+ * when there is nothing to draw).
+ */
+export function linePlot(canvas, { series = [], title = "", xLabel = "", yLabel = "",
+                                   logY = false, xMin, xMax, yMin, yMax, empty = "" } = {}) {
+  const { ctx, w, h } = fit(canvas);
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, w, h);
+  ctx.font = FONT;
+  const pad = { left: 56, right: 12, top: title ? 26 : 10, bottom: xLabel ? 40 : 26 };
+  const pw = w - pad.left - pad.right;
+  const ph = h - pad.top - pad.bottom;
+  if (title) {
+    ctx.fillStyle = COLORS.ink;
+    ctx.textAlign = "left";
+    ctx.textBaseline = "top";
+    ctx.font = "bold 13px system-ui, sans-serif";
+    ctx.fillText(title, pad.left, 6);
+    ctx.font = FONT;
+  }
+
+  const ok = (x, y) => Number.isFinite(x) && Number.isFinite(y) && (!logY || y > 0);
+  let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity, points = 0;
+  for (const s of series) {
+    for (let i = 0; i < s.ys.length; i++) {
+      const x = s.xs ? s.xs[i] : i, y = s.ys[i];
+      if (!ok(x, y)) continue;
+      points++;
+      x0 = Math.min(x0, x); x1 = Math.max(x1, x);
+      y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+    }
+  }
+  canvas.dataset.points = String(points);
+  if (xMin !== undefined) x0 = xMin;
+  if (xMax !== undefined) x1 = xMax;
+  if (yMin !== undefined) y0 = yMin;
+  if (yMax !== undefined) y1 = yMax;
+  if (!points) {
+    ctx.strokeStyle = COLORS.grid;
+    ctx.strokeRect(pad.left + 0.5, pad.top + 0.5, pw, ph);
+    ctx.fillStyle = COLORS.axis;
+    ctx.textAlign = "center";
+    ctx.textBaseline = "middle";
+    ctx.fillText(empty || "no data yet", pad.left + pw / 2, pad.top + ph / 2);
+    return;
+  }
+  if (x1 <= x0) { x0 -= 0.5; x1 += 0.5; }
+  if (logY) {
+    if (y1 <= y0) { y0 /= 2; y1 *= 2; }
+    const ly0 = Math.log10(y0), ly1 = Math.log10(y1), m = (ly1 - ly0) * 0.05;
+    if (yMin === undefined) y0 = 10 ** (ly0 - m);
+    if (yMax === undefined) y1 = 10 ** (ly1 + m);
+  } else {
+    if (y1 <= y0) { y0 -= 0.5; y1 += 0.5; }
+    const m = (y1 - y0) * 0.05;
+    if (yMin === undefined) y0 -= m;
+    if (yMax === undefined) y1 += m;
+  }
+  const px = (x) => pad.left + ((x - x0) / (x1 - x0)) * pw;
+  const py = logY
+    ? (y) => pad.top + (1 - (Math.log10(y) - Math.log10(y0)) / (Math.log10(y1) - Math.log10(y0))) * ph
+    : (y) => pad.top + (1 - (y - y0) / (y1 - y0)) * ph;
+
+  // grid and ticks
+  ctx.lineWidth = 1;
+  ctx.strokeStyle = COLORS.grid;
+  ctx.fillStyle = COLORS.axis;
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  for (const t of logY ? logTicks(y0, y1) : linearTicks(y0, y1)) {
+    const y = Math.round(py(t)) + 0.5;
+    ctx.beginPath(); ctx.moveTo(pad.left, y); ctx.lineTo(pad.left + pw, y); ctx.stroke();
+    ctx.fillText(fmt(t), pad.left - 6, y);
+  }
+  ctx.textAlign = "center";
+  ctx.textBaseline = "top";
+  for (const t of linearTicks(x0, x1, Math.max(2, Math.floor(pw / 80)))) {
+    const x = Math.round(px(t)) + 0.5;
+    ctx.beginPath(); ctx.moveTo(x, pad.top); ctx.lineTo(x, pad.top + ph); ctx.stroke();
+    ctx.fillText(fmt(t), x, pad.top + ph + 5);
+  }
+  ctx.strokeStyle = COLORS.axis;
+  ctx.strokeRect(pad.left + 0.5, pad.top + 0.5, pw, ph);
+  if (xLabel) ctx.fillText(xLabel, pad.left + pw / 2, pad.top + ph + 22);
+  if (yLabel) {
+    ctx.save();
+    ctx.translate(12, pad.top + ph / 2);
+    ctx.rotate(-Math.PI / 2);
+    ctx.textBaseline = "middle";
+    ctx.fillText(yLabel, 0, 0);
+    ctx.restore();
+  }
+
+  // series, clipped to the plot area
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(pad.left, pad.top, pw, ph);
+  ctx.clip();
+  for (const s of series) {
+    ctx.strokeStyle = s.color ?? COLORS.blue;
+    ctx.fillStyle = s.color ?? COLORS.blue;
+    ctx.lineWidth = s.width ?? 1.5;
+    ctx.lineJoin = "round";
+    ctx.beginPath();
+    let pen = false;
+    for (let i = 0; i < s.ys.length; i++) {
+      const x = s.xs ? s.xs[i] : i, y = s.ys[i];
+      if (!ok(x, y)) { pen = false; continue; }
+      if (s.dots) ctx.fillRect(px(x) - 1.5, py(y) - 1.5, 3, 3);
+      if (pen) ctx.lineTo(px(x), py(y));
+      else { ctx.moveTo(px(x), py(y)); pen = true; }
+    }
+    if (!s.dots) ctx.stroke();
+  }
+  ctx.restore();
+
+  // legend
+  const labelled = series.filter((s) => s.label);
+  if (labelled.length) {
+    ctx.textAlign = "left";
+    ctx.textBaseline = "middle";
+    let x = pad.left + pw;
+    const y = pad.top + 12;
+    for (const s of [...labelled].reverse()) {
+      const tw = ctx.measureText(s.label).width;
+      x -= tw + 28;
+      ctx.fillStyle = "rgba(255,255,255,0.85)";
+      ctx.fillRect(x - 2, y - 9, tw + 26, 18);
+      ctx.strokeStyle = s.color ?? COLORS.blue;
+      ctx.lineWidth = 2.5;
+      ctx.beginPath(); ctx.moveTo(x + 2, y); ctx.lineTo(x + 18, y); ctx.stroke();
+      ctx.fillStyle = COLORS.ink;
+      ctx.fillText(s.label, x + 22, y);
+    }
+  }
+}
+
+/** How much of `canvas` is drawn on: {pixels, nonBackground, colors} (white is background). */
+export function inkStats(canvas) {
+  const ctx = canvas.getContext("2d");
+  const { data } = ctx.getImageData(0, 0, canvas.width, canvas.height);
+  let ink = 0;
+  const colors = new Set();
+  for (let i = 0; i < data.length; i += 4) {
+    if (data[i] < 250 || data[i + 1] < 250 || data[i + 2] < 250) {
+      ink++;
+      if (colors.size < 64) colors.add((data[i] >> 4) << 8 | (data[i + 1] >> 4) << 4 | (data[i + 2] >> 4));
+    }
+  }
+  return { pixels: data.length / 4, nonBackground: ink, colors: colors.size };
+}

@@ -1,0 +1,76 @@
+"""matmul kernels on a real WebGPU device, against the reference interpreter: every unit
+case's forward+backward graph (transposed-operand primitives included), every kernel variant
+forced on awkward shapes, and larger cases where the default choice picks each variant."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import tensorgrad as tg
+from tensorgrad.codegen.kernel import Target
+from tensorgrad.ops import linalg
+from tensorgrad.ops.linalg import MatmulSpec, choose_variant, mm
+from tests.harness import Arg, Case, build
+from tests.kernel_check import check_graph_kernels
+from tests.unit.test_ops_linalg import CASES
+
+VARIANTS = ["naive", "reduce", "blocked", "tiled1", "tiled2", "tiled4"]
+
+
+def check(device, case: Case, target: Target | None = None) -> set[str]:
+    b = build(case)
+    if target is None:
+        target = Target(limits=device.limits)
+    return asyncio.run(check_graph_kernels(device, b.graph, b.values, target=target))
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+def test_case_kernels(gpu_device, case: Case) -> None:
+    check(gpu_device, case)
+
+
+AWKWARD = [
+    Case("matmul", tg.matmul, [Arg((2, 33, 17)), Arg((17, 70))], name="flattened"),
+    Case("matmul", tg.matmul, [Arg((3, 65, 40)), Arg((3, 40, 66))], name="batched"),
+    Case("matmul", lambda a, b: mm(a, b, True, True), [Arg((19, 70)), Arg((9, 19))],
+         name="ta-tb"),
+    Case("matmul", tg.matmul, [Arg((1, 300)), Arg((300, 1))], name="dot-long-k"),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in AWKWARD])
+def test_forced_variant(gpu_device, monkeypatch, variant: str, case: Case) -> None:
+    monkeypatch.setattr(linalg, "FORCE_VARIANT", variant)
+    assert {"matmul", "matmul_batched"} & check(gpu_device, case)
+
+
+LARGE = [
+    # (case, its MatmulSpec, the default variant on a GPU target)
+    (Case("matmul", tg.matmul, [Arg((1040, 64)), Arg((64, 520))], grad=False, name="tiled4"),
+     MatmulSpec(1, 1040, 64, 520), "tiled4"),
+    (Case("matmul", tg.matmul, [Arg((2, 300, 200)), Arg((200, 260))], name="tiled2"),
+     MatmulSpec(1, 600, 200, 260), "tiled2"),
+    (Case("matmul", tg.matmul, [Arg((4, 100, 40)), Arg((4, 40, 90))], name="tiled1-batched"),
+     MatmulSpec(4, 100, 40, 90, b_batched=True), "tiled1"),
+    (Case("matmul", tg.matmul, [Arg((8, 600)), Arg((600, 9))], name="reduce"),
+     MatmulSpec(1, 8, 600, 9), "reduce"),
+    (Case("matmul", tg.matmul, [Arg((20, 30)), Arg((30, 40))], name="naive"),
+     MatmulSpec(1, 20, 30, 40), "naive"),
+]
+
+
+@pytest.mark.parametrize("case, spec, want", [pytest.param(*c, id=c[0].id) for c in LARGE])
+def test_large_default_variants(gpu_device, case: Case, spec: MatmulSpec, want: str) -> None:
+    assert choose_variant(spec, True) == want
+    check(gpu_device, case)
+
+
+def test_large_cpu_target_variants(gpu_device) -> None:
+    """prefer_tiled=False (CPU rasterisers): register-blocked and naive kernels."""
+    assert choose_variant(MatmulSpec(1, 600, 200, 260), False) == "blocked"
+    target = Target(limits=gpu_device.limits, prefer_tiled=False)
+    check(gpu_device, LARGE[1][0], target)
+    check(gpu_device, Case("matmul", tg.matmul, [Arg((8, 700)), Arg((700, 50))]), target)

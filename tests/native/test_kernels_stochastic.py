@@ -1,0 +1,60 @@
+"""dropout / randn / categorical kernels on a real WebGPU device, against the reference
+interpreter (same hash, same bits): every unit case's forward+backward graph, a dropout past
+the 65535-workgroup limit (2-D dispatch), and large randn / categorical draws."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import tensorgrad as tg
+from tensorgrad.codegen.kernel import dispatch_size
+from tensorgrad.reference import evaluate
+from tests.harness import Arg, Case, build
+from tests.kernel_check import check_graph_kernels, run_node
+from tests.unit.test_ops_stochastic import CASES, seed_feed
+
+
+def check(device, case: Case, with_grad: bool | None = None) -> set[str]:
+    b = build(case, with_grad)
+    return asyncio.run(check_graph_kernels(device, b.graph, b.values))
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+def test_case_kernels(gpu_device, case: Case) -> None:
+    check(gpu_device, case)
+
+
+def test_dropout_past_the_workgroup_limit(gpu_device) -> None:
+    shape = (4097, 4096)  # 16.78M threads: more than 65535 workgroups of 256 -> 2-D grid
+    assert dispatch_size(shape[0] * shape[1], 256)[1] > 1
+    case = Case("dropout", lambda x: tg.dropout(x, 0.3), [Arg(shape, gen="unit")],
+                grad=False, feeds=seed_feed(77))
+    assert check(gpu_device, case) == {"dropout"}
+
+
+def test_large_randn_and_dropout_backward(gpu_device) -> None:
+    check(gpu_device, Case("randn", lambda x: x * tg.randn((300, 700)), [Arg((300, 700))],
+                           feeds=seed_feed(-123456789)))
+    check(gpu_device, Case("dropout", lambda x: tg.dropout(x, 0.9), [Arg((513, 257))],
+                           feeds=seed_feed(2**31 - 1)))
+
+
+def test_large_categorical(gpu_device) -> None:
+    """Rows whose two best Gumbel scores are closer than the f32 log error may differ."""
+    case = Case("categorical", lambda lg: tg.categorical(lg * 3.0), [Arg((3000, 50))],
+                grad=False, feeds=seed_feed(5))
+    b = build(case)
+    values = evaluate(b.graph, b.values)
+    node = b.graph[b.out]
+    got = asyncio.run(run_node(gpu_device, b.graph, node, values))
+    want = values[node.id]
+    logits = values[node.inputs[0]].astype(np.float64)
+    from tensorgrad.ops.stochastic import _uniform
+    u = np.maximum(1e-10, _uniform(b.values["__prng_seed"], node.attrs["salt"], logits.shape))
+    score = np.sort(logits - np.log(-np.log(u.astype(np.float64))), axis=-1)
+    close = score[:, -1] - score[:, -2] < 1e-4
+    assert np.all((got == want) | close)
+    assert np.mean(got == want) > 0.99
