@@ -23,6 +23,7 @@ from .init import init_params, random_seed
 from .ir import Graph
 from .module import Module, ParamSpec
 from .optim import append_optimizer
+from .passes import fuse_elementwise
 from .plan import plan_buffers
 from .results import Aborted, AbortedError, Captures, Completed, Failed, Result
 from .runtime import Executable, PipelineCache, build_executable, target_for
@@ -176,12 +177,13 @@ class Training(_Runner):
     """A compiled training step on a device. Create with :func:`compile`."""
 
     def __init__(self, device: GPUDevice, loss: Callable[..., Any], inputs: Mapping[str, Any],
-                 chunk_size: int):
+                 chunk_size: int, fuse: bool = True):
         super().__init__()
         self.device = device
         self._loss_fn = loss
         self._input_decls = dict(inputs)
         self._chunk_size = chunk_size
+        self._fuse = fuse
         self._children: list[Forward] = []
         self._exe: Executable | None = None
         self._store: ParamStore | None = None
@@ -192,20 +194,27 @@ class Training(_Runner):
         opt = append_optimizer(tr.graph, tr.grads, optimizer,
                                {n: s.decay for n, s in tr.params.items()},
                                limits=self.device.limits)
-        graph = tr.graph
-        graph.outputs = [tr.loss]
-        plan = plan_buffers(graph, grads=tr.grads, writebacks=opt.writebacks,
+        graph, loss_id, grads, writebacks = tr.graph, tr.loss, dict(tr.grads), opt.writebacks
+        graph.outputs = [loss_id]
+        if self._fuse:
+            graph, remap = fuse_elementwise(
+                graph, {*grads.values(), *(wb.source for wb in writebacks)})
+            loss_id = remap[loss_id]
+            grads = {n: remap[i] for n, i in grads.items()}
+            writebacks = tuple(wb._replace(source=remap[wb.source]) for wb in writebacks)
+        plan = plan_buffers(graph, grads=grads, writebacks=writebacks,
                             limits=self.device.limits)
         kernels = emit_graph(graph, target_for(self.device))
         store = ParamStore(self.device, tr.params, seed)
         try:
-            exe = build_executable(self.device, graph, plan, kernels, tr.loss,
+            exe = build_executable(self.device, graph, plan, kernels, loss_id,
                                    _pipelines(self.device), self._chunk_size,
                                    _shared_param_buffers(graph, plan, store))
         except Exception:
             store.destroy()
             raise
         self._model, self._optimizer, self._trace, self._opt = model, optimizer, tr, opt
+        self._grads = grads
         self._store, self._exe = store, exe
         self._lr = optimizer.lr
         self._t = 0
@@ -282,8 +291,8 @@ class Training(_Runner):
     async def download_param_grads(self) -> dict[str, Any]:
         """{name: array}: the gradients computed by the last step (zeros before any)."""
         exe = self._live_exe()
-        names = list(self._trace.grads)
-        values = await exe.read([self._trace.grads[n] for n in names])
+        names = list(self._grads)
+        values = await exe.read([self._grads[n] for n in names])
         return dict(zip(names, values))
 
     async def reset(self, params: bool = True, optimizer: bool = True) -> None:
@@ -329,7 +338,7 @@ class Training(_Runner):
         (resolved from the data, compiled per size on first use)."""
         self._live_exe()
         child = Forward(self.device, forward, inputs, output, max_cached_shapes,
-                        self._chunk_size, owner=self)
+                        self._chunk_size, owner=self, fuse=self._fuse)
         self._children.append(child)
         return child
 
@@ -364,7 +373,7 @@ class Forward(_Runner):
     def __init__(self, device: GPUDevice, forward: Callable[..., Any], inputs: Mapping[str, Any],
                  output: str, max_cached_shapes: int, chunk_size: int,
                  owner: Training | None = None, store: ParamStore | None = None,
-                 model: Module | None = None):
+                 model: Module | None = None, fuse: bool = True):
         super().__init__()
         if output not in ("f32", "i32"):
             raise ShapeError("forward", f"output must be 'f32' or 'i32', got {output!r}")
@@ -374,6 +383,7 @@ class Forward(_Runner):
         self._output = output
         self._max_cached = max(1, int(max_cached_shapes))
         self._chunk_size = chunk_size
+        self._fuse = fuse
         self._owner = owner
         self._own_store = store
         self._own_model = model
@@ -415,12 +425,16 @@ class Forward(_Runner):
         if out_node.dtype != self._output:
             raise ShapeError("forward", f"the forward returns {out_node.dtype} but output="
                              f"{self._output!r} was declared")
-        tr.graph.outputs = [tr.output]
-        plan = plan_buffers(tr.graph, grads={}, writebacks=[], limits=self.device.limits)
-        kernels = emit_graph(tr.graph, target_for(self.device))
-        exe = build_executable(self.device, tr.graph, plan, kernels, tr.output,
+        graph, output = tr.graph, tr.output
+        graph.outputs = [output]
+        if self._fuse:
+            graph, remap = fuse_elementwise(graph, ())
+            output = remap[output]
+        plan = plan_buffers(graph, grads={}, writebacks=[], limits=self.device.limits)
+        kernels = emit_graph(graph, target_for(self.device))
+        exe = build_executable(self.device, graph, plan, kernels, output,
                                _pipelines(self.device), self._chunk_size,
-                               _shared_param_buffers(tr.graph, plan, self._store))
+                               _shared_param_buffers(graph, plan, self._store))
         self._cache[key] = (exe, shapes)
         while len(self._cache) > self._max_cached:
             _, (old, _) = self._cache.popitem(last=False)
@@ -464,17 +478,18 @@ class Forward(_Runner):
 
 async def compile(*, model: Module, loss: Callable[..., Any], inputs: Mapping[str, Any],  # noqa: A001
                   optimizer: Any, device: GPUDevice | None = None, seed: int | None = None,
-                  chunk_size: int = DEFAULT_CHUNK_SIZE) -> Training:
+                  chunk_size: int = DEFAULT_CHUNK_SIZE, fuse: bool = True) -> Training:
     """Trace `loss(model, **inputs)`, derive gradients, append `optimizer` and compile the
     whole training step for `device` (default: navigator.gpu in Pyodide, wgpu natively).
 
     `inputs`: {name: shape} (f32) or {name: (shape, "i32")}. `chunk_size`: most compute
-    passes per GPU submission (0: one submission per step). Mistakes in the model raise
+    passes per GPU submission (0: one submission per step). `fuse`: inline chains of
+    elementwise ops into single kernels (fewer dispatches, less memory traffic). Mistakes in the model raise
     here (ShapeError / TraceError); `step` itself never raises."""
     if not isinstance(chunk_size, int) or chunk_size < 0:
         raise ValueError(f"chunk_size must be an int >= 0, got {chunk_size!r}")
     device = device or await default_device()
-    train = Training(device, loss, inputs, chunk_size)
+    train = Training(device, loss, inputs, chunk_size, fuse)
     train._build(model, optimizer, seed)
     return train
 
@@ -483,10 +498,10 @@ async def compile_forward(*, model: Module, forward: Callable[..., Any],
                           inputs: Mapping[str, Any], output: str = "f32",
                           device: GPUDevice | None = None, seed: int | None = None,
                           max_cached_shapes: int = 8,
-                          chunk_size: int = DEFAULT_CHUNK_SIZE) -> Forward:
+                          chunk_size: int = DEFAULT_CHUNK_SIZE, fuse: bool = True) -> Forward:
     """A standalone forward executor with its own params (initialised from `seed`)."""
     device = device or await default_device()
     seed = random_seed() if seed is None else int(seed)
     store = ParamStore(device, model.named_params(), seed)
     return Forward(device, forward, inputs, output, max_cached_shapes, chunk_size,
-                   store=store, model=model)
+                   store=store, model=model, fuse=fuse)

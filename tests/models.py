@@ -1,4 +1,5 @@
-"""Shared test helpers: the demo model files as modules, and small models for API tests.
+"""Shared test helpers: the demo model files as modules, small models for API tests, and
+reference-interpreter views of a compiled `Training`.
 
 The demos live in ``demos/<name>/model.py`` (not a package); :func:`demo` imports one by
 name through importlib, once per process.
@@ -10,6 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import tensorgrad as tg
 
@@ -66,3 +68,32 @@ class DeepMLP(tg.Module):
         for layer in self.layers:
             x = tg.tanh(layer(x))
         return x
+
+
+# ---- a compiled Training seen through the reference interpreter ---------------------------
+# These read private attributes (there is no public accessor for the gradient node ids or
+# the hidden optimizer inputs). They use the buffer plan, which is built on `train.ir` after
+# every graph pass (e.g. fusion), so the node ids always refer to `train.ir`.
+
+def grad_ids(train: tg.Training) -> dict[str, int]:
+    """{param name: node id of its gradient in train.ir}."""
+    return {b.name: b.nodes[0] for b in train._exe.plan.buffers if b.kind == "param_grad"}
+
+
+def param_writebacks(train: tg.Training) -> dict[str, int]:
+    """{param name: node id in train.ir of its updated value}."""
+    return {wb.dest: wb.source for wb in train._exe.plan.writebacks if wb.kind == "param"}
+
+
+def reference_values(train: tg.Training, feeds: dict[str, Any], t: int = 1) -> list[Any]:
+    """Reference-interpreter values (float32) of every node of `train.ir` for step `t`
+    with params and inputs `feeds` (the hidden optimizer inputs are added; state is at its
+    init value, i.e. this is right for the first step after compile/reset)."""
+    import numpy as np
+
+    from tensorgrad.optim import host_scalars
+    from tensorgrad.reference import evaluate
+
+    hidden = host_scalars(train._optimizer, t, names=train._opt.scalar_inputs)
+    feeds = {k: np.asarray(v) for k, v in feeds.items()}
+    return evaluate(train.ir, {**feeds, **{k: np.float32(v) for k, v in hidden.items()}})

@@ -40,10 +40,6 @@ def _ref_sum_to_shape(args: Sequence[Any], node: Node) -> Any:
     return a.sum(axis=_reduced_axes(a.shape, node.shape)).reshape(node.shape)
 
 
-def _emit_broadcast_to(ctx: EmitContext) -> Kernel:
-    return w.elementwise(ctx, "a0")
-
-
 def _emit_sum_to_shape(ctx: EmitContext) -> Kernel:
     src = ctx.inputs[0].shape
     red = _reduced_axes(src, ctx.node.shape)
@@ -59,7 +55,7 @@ def _emit_sum_to_shape(ctx: EmitContext) -> Kernel:
 define("broadcast_to", infer=_infer_broadcast_to,
        ref=lambda args, node: __import__("numpy").broadcast_to(args[0], node.shape).copy(),
        vjp=lambda ins, out, dy, attrs: [sum_to_shape(dy, ins[0].shape)],
-       emit=_emit_broadcast_to, doc="Repeat size-1 / missing leading axes up to `shape`.")
+       expr=lambda node: "a0", doc="Repeat size-1 / missing leading axes up to `shape`.")
 define("sum_to_shape", infer=_infer_sum_to_shape, ref=_ref_sum_to_shape,
        vjp=lambda ins, out, dy, attrs: [broadcast_to(dy, ins[0].shape)],
        emit=_emit_sum_to_shape, doc="Sum the axes broadcasting added, down to `shape`.")

@@ -28,6 +28,7 @@ IntOrPair = int | Sequence[int]
 WEIGHT_GRAD_WG_MAX_WEIGHTS = 32_768
 WEIGHT_GRAD_WG_MIN_LENGTH = 256
 POOL_INIT = -3.4e38
+MAX_UNROLL_TAPS = 49  # kernels with at most this many taps get straight-line tap code
 
 
 def _np():
@@ -268,6 +269,19 @@ def _tap(coord: str, out: str, k: str, stride: int, pad: int, size: int) -> str:
             f"      if ({coord} < 0i || {coord} >= {size}i) {{ continue; }}")
 
 
+def _in_range(v: str, size: int) -> str:
+    return f"({v} >= 0i && {v} < {size}i)"
+
+
+def _mask(*conds: str) -> str:
+    live = [c for c in conds if c != "true"]
+    return " && ".join(live) if live else "true"
+
+
+def _masked(value: str, mask: str) -> str:
+    return value if mask == "true" else f"select(0.0f, {value}, {mask})"
+
+
 def _emit_conv2d(ctx: EmitContext) -> Kernel:
     x, wt = ctx.inputs
     b, cout, ho, wo = ctx.node.shape
@@ -275,8 +289,33 @@ def _emit_conv2d(ctx: EmitContext) -> Kernel:
     _, cig, kh, kw = wt.shape
     (sh, sw), (ph, pw) = ctx.node.attrs["stride"], ctx.node.attrs["padding"]
     cog = cout // ctx.node.attrs["groups"]
-    body = f"""{_split("i", ["bi", "co", "oh", "ow"], [b, cout, ho, wo])}
-  let cbase = (bi * {w.u(cin)} + (co / {w.u(cog)}) * {w.u(cig)}) * {w.u(h * wd)};
+    head = f"""{_split("i", ["bi", "co", "oh", "ow"], [b, cout, ho, wo])}
+  let cbase = (bi * {w.u(cin)} + (co / {w.u(cog)}) * {w.u(cig)}) * {w.u(h * wd)};"""
+    if kh * kw <= MAX_UNROLL_TAPS:
+        # Taps unrolled: per-tap offsets and padding masks hoisted out of the channel loop
+        # (padding 0 needs no masks: every tap of a valid window is inside the image).
+        lines = [head, f"  let h0 = i32(oh * {w.u(sh)}) - {ph}i;",
+                 f"  let w0 = i32(ow * {w.u(sw)}) - {pw}i;"]
+        for ki in range(kh):
+            lines.append(f"  let ro{ki} = u32(clamp(h0 + {ki}i, 0i, {h - 1}i)) * {w.u(wd)};")
+            if ph:
+                lines.append(f"  let vh{ki} = {_in_range(f'h0 + {ki}i', h)};")
+        for kj in range(kw):
+            lines.append(f"  let cc{kj} = u32(clamp(w0 + {kj}i, 0i, {wd - 1}i));")
+            if pw:
+                lines.append(f"  let vw{kj} = {_in_range(f'w0 + {kj}i', wd)};")
+        lines.append("  var acc = 0.0f;")
+        lines.append(f"  for (var c = 0u; c < {w.u(cig)}; c = c + 1u) {{")
+        lines.append(f"    let xc = cbase + c * {w.u(h * wd)};")
+        lines.append(f"    let wc = (co * {w.u(cig)} + c) * {w.u(kh * kw)};")
+        for ki in range(kh):
+            for kj in range(kw):
+                mask = _mask(f"vh{ki}" if ph else "true", f"vw{kj}" if pw else "true")
+                xv = _masked(f"in0[xc + ro{ki} + cc{kj}]", mask)
+                lines.append(f"    acc = fma({xv}, in1[wc + {w.u(ki * kw + kj)}], acc);")
+        lines += ["  }", "  out[i] = acc;"]
+        return w.thread_kernel(ctx, "\n".join(lines))
+    body = f"""{head}
   var acc = 0.0f;
   for (var c = 0u; c < {w.u(cig)}; c = c + 1u) {{
     let xc = cbase + c * {w.u(h * wd)};
@@ -312,9 +351,37 @@ def _emit_conv2d_input_grad(ctx: EmitContext) -> Kernel:
     _, _, ho, wo = dy.shape
     (sh, sw), (ph, pw) = ctx.node.attrs["stride"], ctx.node.attrs["padding"]
     cog = cout // ctx.node.attrs["groups"]
-    body = f"""{_split("i", ["bi", "ci", "ih", "iw"], [b, cin, h, wd])}
+    head = f"""{_split("i", ["bi", "ci", "ih", "iw"], [b, cin, h, wd])}
   let co0 = (ci / {w.u(cig)}) * {w.u(cog)};
-  let cl = ci % {w.u(cig)};
+  let cl = ci % {w.u(cig)};"""
+    if kh * kw <= MAX_UNROLL_TAPS:
+        # Taps unrolled: the output position each tap reads, and whether it exists, hoisted
+        # out of the output-channel loop.
+        lines = [head]
+        for axis, pos, k_len, st, pad, size in (("h", "ih", kh, sh, ph, ho),
+                                                 ("w", "iw", kw, sw, pw, wo)):
+            for k in range(k_len):
+                n = f"n{axis}{k}"
+                lines.append(f"  let {n} = i32({pos}) + {pad - k}i;")
+                conds = [f"{n} >= 0i"]
+                if st > 1:
+                    conds.append(f"{n} % {st}i == 0i")
+                conds.append(f"{n} < {size * st}i")
+                lines.append(f"  let v{axis}{k} = {' && '.join(conds)};")
+                lines.append(f"  let o{axis}{k} = u32(clamp({n}, 0i, {(size - 1) * st}i)) / "
+                             f"{w.u(st)};")
+        lines.append("  var acc = 0.0f;")
+        lines.append(f"  for (var o = 0u; o < {w.u(cog)}; o = o + 1u) {{")
+        lines.append("    let co = co0 + o;")
+        lines.append(f"    let wc = (co * {w.u(cig)} + cl) * {w.u(kh * kw)};")
+        lines.append(f"    let dc = (bi * {w.u(cout)} + co) * {w.u(ho * wo)};")
+        for ki in range(kh):
+            for kj in range(kw):
+                dv = _masked(f"in1[dc + oh{ki} * {w.u(wo)} + ow{kj}]", f"vh{ki} && vw{kj}")
+                lines.append(f"    acc = fma(in0[wc + {w.u(ki * kw + kj)}], {dv}, acc);")
+        lines += ["  }", "  out[i] = acc;"]
+        return w.thread_kernel(ctx, "\n".join(lines))
+    body = f"""{head}
   var acc = 0.0f;
   for (var o = 0u; o < {w.u(cog)}; o = o + 1u) {{
     let co = co0 + o;

@@ -60,8 +60,7 @@ def _infer_full(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, s
 define("full", infer=_infer_full,
        ref=lambda args, node: _np().full(node.shape, node.attrs["value"]),
        vjp=NO_GRAD,
-       emit=lambda ctx: w.thread_kernel(
-           ctx, f"  out[i] = {w.lit(ctx.node.attrs['value'], ctx.node.dtype)};"),
+       expr=lambda node: w.lit(node.attrs["value"], node.dtype),
        doc="A tensor filled with one value.")
 
 
@@ -122,20 +121,20 @@ def _binary(name: str, np_fn: Callable[[Any, Any], Any], expr: str, vjp: Any,
             doc: str = "") -> None:
     define(name, infer=_binary_infer(name, dtypes, out_dtype),
            ref=lambda args, node: np_fn(args[0], args[1]),
-           vjp=vjp, emit=lambda ctx: w.elementwise(ctx, expr),
+           vjp=vjp, expr=lambda node: expr,
            doc=doc or f"elementwise {expr} with broadcasting")
 
 
-_binary("add", lambda a, b: a + b, "a0 + a1",
+_binary("add", lambda a, b: a + b, "(a0 + a1)",
         lambda ins, out, dy, at: [_unbroadcast(dy, ins[0].shape),
                                   _unbroadcast(dy, ins[1].shape)])
-_binary("sub", lambda a, b: a - b, "a0 - a1",
+_binary("sub", lambda a, b: a - b, "(a0 - a1)",
         lambda ins, out, dy, at: [_unbroadcast(dy, ins[0].shape),
                                   _unbroadcast(neg(dy), ins[1].shape)])
-_binary("mul", lambda a, b: a * b, "a0 * a1",
+_binary("mul", lambda a, b: a * b, "(a0 * a1)",
         lambda ins, out, dy, at: [_unbroadcast(mul(dy, ins[1]), ins[0].shape),
                                   _unbroadcast(mul(dy, ins[0]), ins[1].shape)])
-_binary("div", lambda a, b: a / b, "a0 / a1",
+_binary("div", lambda a, b: a / b, "(a0 / a1)",
         lambda ins, out, dy, at: [
             _unbroadcast(div(dy, ins[1]), ins[0].shape),
             _unbroadcast(neg(div(mul(dy, ins[0]), mul(ins[1], ins[1]))), ins[1].shape)],
@@ -169,14 +168,12 @@ def _scalar_infer(op: str):
 define("add_scalar", infer=_scalar_infer("add_scalar"),
        ref=lambda args, node: args[0] + node.attrs["scalar"],
        vjp=lambda ins, out, dy, at: [dy],
-       emit=lambda ctx: w.elementwise(
-           ctx, f"a0 + {w.lit(ctx.node.attrs['scalar'], ctx.node.dtype)}"),
+       expr=lambda node: f"(a0 + {w.lit(node.attrs['scalar'], node.dtype)})",
        doc="x + scalar")
 define("mul_scalar", infer=_scalar_infer("mul_scalar"),
        ref=lambda args, node: args[0] * node.attrs["scalar"],
        vjp=lambda ins, out, dy, at: [mul_scalar(dy, at["scalar"])],
-       emit=lambda ctx: w.elementwise(
-           ctx, f"a0 * {w.lit(ctx.node.attrs['scalar'], ctx.node.dtype)}"),
+       expr=lambda node: f"(a0 * {w.lit(node.attrs['scalar'], node.dtype)})",
        doc="x * scalar")
 
 
@@ -266,7 +263,7 @@ def _vjp_where(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> l
 
 define("where", infer=_infer_where,
        ref=lambda args, node: _np().where(args[0], args[1], args[2]),
-       vjp=_vjp_where, emit=lambda ctx: w.elementwise(ctx, "select(a2, a1, a0 != 0u)"),
+       vjp=_vjp_where, expr=lambda node: "select(a2, a1, a0 != 0u)",
        doc="cond ? a : b with 3-way broadcasting")
 
 
@@ -293,7 +290,7 @@ def _unary_infer(op: str):
 def _unary(name: str, np_fn: Callable[[Any], Any], expr: str, vjp: Any, doc: str,
            prelude: str = "") -> Callable[[Tensor], Tensor]:
     define(name, infer=_unary_infer(name), ref=lambda args, node: np_fn(args[0]), vjp=vjp,
-           emit=lambda ctx: w.elementwise(ctx, expr, prelude=prelude), doc=doc)
+           expr=lambda node: expr, prelude=prelude, doc=doc)
 
     def fn(x: Tensor) -> Tensor:
         return record(name, [x])
@@ -304,14 +301,14 @@ def _unary(name: str, np_fn: Callable[[Any], Any], expr: str, vjp: Any, doc: str
 
 sqrt = _unary("sqrt", lambda x: _np().sqrt(x), "sqrt(a0)",
               lambda i, c, dy, at: [mul_scalar(div(dy, c), 0.5)], "Square root")
-rsqrt = _unary("rsqrt", lambda x: 1.0 / _np().sqrt(x), "1.0f / sqrt(a0)",
+rsqrt = _unary("rsqrt", lambda x: 1.0 / _np().sqrt(x), "(1.0f / sqrt(a0))",
                lambda i, c, dy, at: [mul_scalar(mul(dy, mul(c, mul(c, c))), -0.5)],
                "1 / sqrt(x)")
 log = _unary("log", lambda x: _np().log(x), "log(a0)",
              lambda i, c, dy, at: [div(dy, i[0])], "Natural log")
 exp = _unary("exp", lambda x: _np().exp(x), "exp(a0)",
              lambda i, c, dy, at: [mul(dy, c)], "e^x")
-neg = _unary("neg", lambda x: -x, "-a0", lambda i, c, dy, at: [neg(dy)], "-x")
+neg = _unary("neg", lambda x: -x, "(-a0)", lambda i, c, dy, at: [neg(dy)], "-x")
 abs = _unary("abs", lambda x: _np().abs(x), "abs(a0)",  # noqa: A001
              lambda i, c, dy, at: [where(less(i[0], 0.0), neg(dy), dy)],
              "|x| (gradient +1 at 0)")
@@ -319,7 +316,7 @@ tanh = _unary("tanh", lambda x: _np().tanh(x), "tanh(clamp(a0, -15.0f, 15.0f))",
               lambda i, c, dy, at: [mul(dy, add_scalar(neg(mul(c, c)), 1.0))],
               "Hyperbolic tangent")
 sigmoid = _unary("sigmoid", lambda x: 0.5 + 0.5 * _np().tanh(0.5 * x),
-                 "0.5f + 0.5f * tanh(clamp(0.5f * a0, -15.0f, 15.0f))",
+                 "(0.5f + 0.5f * tanh(clamp(0.5f * a0, -15.0f, 15.0f)))",
                  lambda i, c, dy, at: [mul(dy, sub(c, mul(c, c)))],
                  "Logistic sigmoid, computed as 0.5 + 0.5 tanh(x/2)")
 erf = _unary("erf", erf_reference, "erf_as(a0)",
@@ -343,7 +340,7 @@ def _infer_relu_grad(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Sha
 
 define("relu_grad", infer=_infer_relu_grad,
        ref=lambda args, node: _np().where(args[0] > 0, args[1], 0),
-       vjp="grad_error", emit=lambda ctx: w.elementwise(ctx, "select(0.0f, a1, a0 > 0.0f)"),
+       vjp="grad_error", expr=lambda node: "select(0.0f, a1, a0 > 0.0f)",
        doc="dy where x > 0, else 0")
 
 
@@ -352,7 +349,7 @@ def _infer_same(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, s
 
 
 define("stop_gradient", infer=_infer_same, ref=lambda args, node: args[0].copy(),
-       vjp=NO_GRAD, emit=lambda ctx: w.elementwise(ctx, "a0"), doc="identity, no gradient")
+       vjp=NO_GRAD, expr=lambda node: "a0", doc="identity, no gradient")
 
 
 @public

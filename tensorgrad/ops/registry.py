@@ -24,6 +24,9 @@ RefFn = Callable[[Sequence[Any], "Node"], Any]
 VjpFn = Callable[[Sequence["Tensor"], "Tensor", "Tensor", dict[str, Any]],
                  Sequence["Tensor | None"]]
 EmitFn = Callable[["EmitContext"], "Kernel"]
+# expr(node) -> WGSL expression of one output element in terms of a0, a1, ... (the inputs
+# read at the same, broadcast, index). Ops with an expr are elementwise and fusable.
+ExprFn = Callable[["Node"], str]
 
 NO_GRAD = "no_grad"          # the op contributes no gradient (argmax, comparisons, ...)
 GRAD_ERROR = "grad_error"    # differentiating through it is an error (backward/optimizer ops)
@@ -39,6 +42,8 @@ class OpDef:
     vjp: VjpFn | str
     emit: EmitFn | None
     doc: str = ""
+    expr: ExprFn | None = None
+    prelude: str = ""  # WGSL helper functions the expr needs
 
 
 OPS: dict[str, OpDef] = {}
@@ -46,11 +51,18 @@ PUBLIC: dict[str, Callable[..., Any]] = {}
 
 
 def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
-           emit: EmitFn | None, doc: str = "") -> OpDef:
-    """Add a primitive to the op table (each name once)."""
+           emit: EmitFn | None = None, doc: str = "", expr: ExprFn | None = None,
+           prelude: str = "") -> OpDef:
+    """Add a primitive to the op table (each name once). An elementwise op gives `expr`
+    instead of `emit`: its kernel is derived, and the fusion pass can inline it."""
     if name in OPS:
         raise ValueError(f"op '{name}' is defined twice")
-    op = OpDef(name, infer, ref, vjp, emit, doc)
+    if emit is None and expr is not None:
+        from ..codegen.wgsl import elementwise
+
+        def emit(ctx: EmitContext) -> Kernel:
+            return elementwise(ctx, expr(ctx.node), prelude=prelude)
+    op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude)
     OPS[name] = op
     return op
 

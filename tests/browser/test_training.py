@@ -191,9 +191,8 @@ def _demo_module(demo: str) -> Any:
 
 
 async def _native_losses(m: Any, batches: list[dict[str, Any]], seed: int) -> dict[str, Any]:
-    from tensorgrad.gpu.native import request_native_device
-
     import tensorgrad as tg
+    from tensorgrad.gpu.native import request_native_device
 
     device = await request_native_device()
     try:

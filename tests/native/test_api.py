@@ -17,14 +17,11 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-import tensorgrad.api as api
-from tensorgrad import hostdata
+from tensorgrad import api, hostdata
 from tensorgrad.gpu.interface import DeviceLimits, ShaderCompileError
 from tensorgrad.ir import LEAF_OPS
-from tensorgrad.optim import host_scalars
 from tensorgrad.plan import DeviceLimitError, plan_buffers
-from tensorgrad.reference import evaluate
-from tests.models import DeepMLP, TinyMLP
+from tests.models import DeepMLP, TinyMLP, grad_ids, param_writebacks, reference_values
 
 B = 4
 INPUTS = {"x": (B, 2), "y": (B, 1)}
@@ -69,11 +66,7 @@ async def compile_tiny(device: Any, loss: Any = mse, optimizer: Any = None, seed
 
 
 def ref_values(train: tg.Training, feeds: dict[str, Any], t: int = 1) -> list[Any]:
-    """Reference-interpreter values of every node of `train.ir` (optimizer included) for
-    the step `t` with params/inputs `feeds`."""
-    cfg = train._optimizer
-    hidden = host_scalars(cfg, t, names=train._opt.scalar_inputs)
-    return evaluate(train.ir, {**feeds, **{k: np.float32(v) for k, v in hidden.items()}})
+    return reference_values(train, feeds, t)
 
 
 def bits(params: dict[str, Any]) -> dict[str, bytes]:
@@ -379,8 +372,7 @@ def test_param_grads_match_reference_interpreter(gpu_device) -> None:
             values = ref_values(train, {**p, **d}, t=step)
             assert math.isclose(r.loss, float(values[train.ir.outputs[0]]), rel_tol=1e-5)
             assert set(grads) == set(train.param_names)
-            # train._trace.grads: {param: grad node id in train.ir} (no public accessor yet)
-            for name, gid in train._trace.grads.items():
+            for name, gid in grad_ids(train).items():
                 np.testing.assert_allclose(grads[name], values[gid], rtol=1e-4, atol=1e-6,
                                            err_msg=f"step {step} grad of {name}")
                 assert np.any(grads[name]), name
@@ -504,7 +496,7 @@ def test_adamw_decay_follows_set_lr(gpu_device) -> None:
             g = {k: x.astype(np.float64) for k, x in (await train.download_param_grads()).items()}
             got = await train.download_params()
             lrt = lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-            for k in p:
+            for k in list(p):
                 m[k] = b1 * m[k] + (1 - b1) * g[k]
                 v2[k] = b2 * v2[k] + (1 - b2) * g[k] ** 2
                 step = lrt * m[k] / (np.sqrt(v2[k]) + eps)
@@ -857,7 +849,7 @@ def test_shader_compile_error_names_the_op(gpu_device, monkeypatch) -> None:
 
     def broken(graph, target):
         kernels = real(graph, target)
-        i = next(n.id for n in graph.nodes if n.op == "relu")
+        i = next(n.id for n in graph.nodes if n.op == "matmul")
         k = kernels[i]
         kernels[i] = type(k)(k.wgsl.replace("fn main", "fn main_oops_broken_("), k.threads,
                              k.workgroup_size, k.label)
@@ -869,9 +861,9 @@ def test_shader_compile_error_names_the_op(gpu_device, monkeypatch) -> None:
         with pytest.raises(ShaderCompileError) as info:
             await compile_tiny(gpu_device)
         err = info.value
-        assert err.label == "relu"
+        assert err.label == "matmul"
         msg = str(err)
-        assert "kernel 'relu'" in msg
+        assert "kernel 'matmul'" in msg
         assert "   1 | " in msg and "main_oops_broken_" in msg  # numbered WGSL
         assert err.messages
 
@@ -905,8 +897,8 @@ def test_failed_compile_frees_its_buffers(gpu_device, monkeypatch) -> None:
 
     def broken(graph, target):
         kernels = real_emit(graph, target)
-        i = next(n.id for n in graph.nodes if n.op == "relu")
-        kernels[i] = type(kernels[i])("fn main( {", kernels[i].threads, 256, "relu")
+        i = next(n.id for n in graph.nodes if n.op == "matmul")
+        kernels[i] = type(kernels[i])("fn main( {", kernels[i].threads, 256, "matmul")
         return kernels
 
     monkeypatch.setattr(api, "emit_graph", broken)
@@ -1020,17 +1012,18 @@ def test_deep_model_matches_reference_interpreter(gpu_device) -> None:
         values = ref_values(train, {**p, **d})
         assert math.isclose(r.loss, float(values[train.ir.outputs[0]]), rel_tol=1e-5)
         grads = await train.download_param_grads()
-        for name, gid in train._trace.grads.items():
+        for name, gid in grad_ids(train).items():
             assert_scaled_close(f"grad of {name}", grads[name], values[gid], 1e-5)
         # the updated params are the reference's writeback sources (Adam's first step is
         # ~lr*sign(g): skip entries whose gradient is too small for its sign to be robust)
         new = await train.download_params()
-        for wb in train._opt.writebacks:
-            if wb.kind == "param":
-                g = values[train._trace.grads[wb.dest]]
-                ok = np.abs(g) > 1e-4 * np.max(np.abs(g))
-                np.testing.assert_allclose(new[wb.dest][ok], values[wb.source][ok], rtol=1e-5,
-                                           atol=1e-6, err_msg=wb.dest)
+        updated = param_writebacks(train)
+        assert set(updated) == set(train.param_names)
+        for name, gid in grad_ids(train).items():
+            g = values[gid]
+            ok = np.abs(g) > 1e-4 * np.max(np.abs(g))
+            np.testing.assert_allclose(new[name][ok], values[updated[name]][ok], rtol=1e-5,
+                                       atol=1e-6, err_msg=name)
         train.destroy()
 
     run(go())
@@ -1076,7 +1069,7 @@ def test_deep_default_init_grads_match_reference(gpu_device) -> None:
         await train.step(**d)
         values = ref_values(train, {**p, **d})
         grads = await train.download_param_grads()
-        for name, gid in train._trace.grads.items():
+        for name, gid in grad_ids(train).items():
             assert_scaled_close(f"grad of {name}", grads[name], values[gid], 1e-3)
         train.destroy()
 

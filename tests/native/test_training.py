@@ -17,9 +17,7 @@ from typing import Any
 import numpy as np
 
 import tensorgrad as tg
-from tensorgrad.optim import host_scalars
-from tensorgrad.reference import evaluate
-from tests.models import addition_transformer, mlp_sin
+from tests.models import addition_transformer, grad_ids, mlp_sin, reference_values
 
 
 def run(coro: Any) -> Any:
@@ -57,10 +55,6 @@ def test_mlp_fits_sin(gpu_device) -> None:
     run(go())
 
 
-def _as_np(b: dict[str, Any]) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v) for k, v in b.items()}
-
-
 def test_addition_transformer_short_run(gpu_device) -> None:
     m = addition_transformer()
     steps = 8
@@ -77,14 +71,12 @@ def test_addition_transformer_short_run(gpu_device) -> None:
         assert r.kind == "completed", r
 
         # first step against the reference interpreter: same params, same batch
-        hidden = host_scalars(train._optimizer, 1, names=train._opt.scalar_inputs)
-        feeds = {**p0, **_as_np(first_batch), **{k: np.float32(v) for k, v in hidden.items()}}
-        values = evaluate(train.ir, feeds)
+        values = reference_values(train, {**p0, **first_batch})
         ref_loss = float(values[train.ir.outputs[0]])
         assert math.isclose(r.loss, ref_loss, rel_tol=1e-4), (r.loss, ref_loss)
         assert abs(r.loss - math.log(m.VOCAB)) < 0.5  # near-uniform predictions at init
         grads = await train.download_param_grads()
-        for name, gid in train._trace.grads.items():
+        for name, gid in grad_ids(train).items():
             want = np.asarray(values[gid], np.float64)
             err = float(np.max(np.abs(grads[name] - want)))
             assert err <= 1e-3 * float(np.max(np.abs(want))), f"grad of {name}: {err:.3g}"

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
-from tests.harness import (Case, assert_close, build, fd_grads, run_reference,
-                           torch_forward_and_grads)
+from tests.harness import (
+    Case,
+    assert_close,
+    build,
+    fd_grads,
+    run_reference,
+    torch_forward_and_grads,
+)
 
 
 def forward_check(case: Case) -> None:

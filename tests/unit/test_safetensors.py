@@ -9,8 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from tensorgrad.safetensors import (load_safetensors, load_safetensors_with_skipped,
-                                    save_safetensors)
+from tensorgrad.safetensors import load_safetensors, load_safetensors_with_skipped, save_safetensors
 
 
 def _raw(header: dict, blob: bytes) -> bytes:

@@ -1,0 +1,196 @@
+"""The demo pages (demos/*/index.html) in headless Chromium: each trains a few steps from its
+URL parameters, reports `window.tgDemo = {done, ok, figures}`, logs the same lines to the page
+and the console (what `python build.py demo NAME` prints), and draws its plots. A screenshot of
+each page is saved under pytest's tmp dir and read back to check the plots are drawn."""
+
+from __future__ import annotations
+
+import base64
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+WAIT_MS = 300_000
+LOSS_BLUE = (37, 99, 235)     # COLORS.blue in demos/common/plot.js: the loss curve
+FIT_ORANGE = (234, 88, 12)    # COLORS.orange: the MLP's prediction
+SIN_GRAY = (156, 163, 175)    # COLORS.gray: sin(x)
+
+# Decode a PNG (base64) in the page and count, inside each rect (document coordinates), the
+# pixels that are not background and those near each wanted colour.
+PIXELS = """async ({ png, rects, colors }) => {
+  const img = new Image();
+  img.src = "data:image/png;base64," + png;
+  await img.decode();
+  const canvas = new OffscreenCanvas(img.width, img.height);
+  const ctx = canvas.getContext("2d", { willReadFrequently: true });
+  ctx.drawImage(img, 0, 0);
+  const out = {};
+  for (const [name, r] of Object.entries(rects)) {
+    const { data } = ctx.getImageData(Math.round(r.x), Math.round(r.y), Math.round(r.width),
+                                      Math.round(r.height));
+    const near = Object.fromEntries(Object.keys(colors).map((c) => [c, 0]));
+    let ink = 0;
+    for (let i = 0; i < data.length; i += 4) {
+      const [R, G, B] = [data[i], data[i + 1], data[i + 2]];
+      if (R < 245 || G < 245 || B < 245) ink++;
+      for (const [c, [r0, g0, b0]] of Object.entries(colors)) {
+        if (Math.abs(R - r0) + Math.abs(G - g0) + Math.abs(B - b0) < 60) near[c]++;
+      }
+    }
+    out[name] = { pixels: data.length / 4, ink, ...near };
+  }
+  return out;
+}"""
+
+RECTS = """(ids) => Object.fromEntries(ids.map((id) => {
+  const r = document.getElementById(id).getBoundingClientRect();
+  return [id, { x: r.x + scrollX, y: r.y + scrollY, width: r.width, height: r.height }];
+}))"""
+
+
+class DemoPage:
+    """A demo page in its own tab (its own worker), with its console lines kept."""
+
+    def __init__(self, browser: Any, url: str):
+        self.page = browser.new_page(viewport={"width": 1100, "height": 900})
+        self.console: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda e: self.errors.append(f"[pageerror] {e}"))
+        self.page.goto(url)
+
+    def _console(self, message: Any) -> None:
+        if message.type == "log":
+            self.console.append(message.text)
+        elif message.type == "error":
+            self.errors.append(message.text)
+
+    def wait_done(self) -> dict[str, Any]:
+        self.page.wait_for_function("window.tgDemo && window.tgDemo.done", timeout=WAIT_MS)
+        state = self.page.evaluate("window.tgDemo")
+        assert state["ok"], f"{state.get('error')}\n" + "\n".join(self.errors[-20:])
+        return state["figures"]
+
+    def log_lines(self) -> list[str]:
+        return self.page.evaluate("document.getElementById('log').textContent").splitlines()
+
+    def text(self, element_id: str) -> str:
+        return self.page.evaluate(f"document.getElementById({element_id!r}).textContent")
+
+    def screenshot_pixels(self, path: Path, ids: list[str],
+                          colors: dict[str, tuple[int, int, int]]) -> dict[str, dict[str, int]]:
+        """Save a full-page screenshot to `path`; pixel counts of it inside each element."""
+        self.page.evaluate("() => new Promise((r) => requestAnimationFrame(() => r()))")
+        png = self.page.screenshot(path=str(path), full_page=True)
+        return self.page.evaluate(PIXELS, {"png": base64.b64encode(png).decode(),
+                                           "rects": self.page.evaluate(RECTS, ids),
+                                           "colors": colors})
+
+    def close(self) -> None:
+        self.page.close()
+
+
+@pytest.fixture
+def open_demo(browser: Any, web_url: str) -> Iterator[Any]:
+    pages: list[DemoPage] = []
+
+    def open_(name: str, query: str) -> DemoPage:
+        pages.append(DemoPage(browser, f"{web_url}demos/{name}/{query}"))
+        return pages[-1]
+
+    yield open_
+    for p in pages:
+        p.close()
+
+
+def check_log_is_console(demo: DemoPage) -> list[str]:
+    """Every line the page shows in its log went to the console too, in the same order."""
+    lines = [line for line in demo.log_lines() if line]
+    console = [c for c in demo.console if c]
+    assert lines == console[:len(lines)] or lines == console, (lines, console)
+    assert any(line.startswith("ready in ") for line in lines), lines
+    assert any(line.startswith("compiled in ") for line in lines), lines
+    assert any(line.startswith("done: ") for line in lines), lines
+    return lines
+
+
+def test_index_links_to_both_demos(web_url: str) -> None:
+    html = urllib.request.urlopen(f"{web_url}demos/").read().decode()
+    for name in ("mlp_sin", "addition_transformer"):
+        assert f'href="{name}/"' in html
+        page = urllib.request.urlopen(f"{web_url}demos/{name}/").read().decode()
+        assert "<canvas" in page and "window.demo" in page
+        main = urllib.request.urlopen(f"{web_url}demos/{name}/main.py").read().decode()
+        assert "async def main()" in main
+
+
+def test_mlp_sin_demo_trains_and_plots(open_demo: Any, tmp_path: Path) -> None:
+    demo = open_demo("mlp_sin", "?autostart=1&steps=150&seed=1&every=50")
+    figures = demo.wait_done()
+    print(f"\nmlp_sin demo: {figures}")
+    assert figures["steps"] == 150 and not figures["stopped"], figures
+    assert figures["loss_avg10"] < 0.02 and figures["fit_mse"] < 0.02, figures
+    assert figures["steps_per_s"] > 0 and figures["kernels"] > 0, figures
+    lines = check_log_is_console(demo)
+    assert sum(line.startswith("step ") for line in lines) == 3, lines  # steps 50, 100, 150
+
+    assert demo.page.evaluate("document.getElementById('loss').dataset.points") == "300"
+    assert demo.page.evaluate("document.getElementById('fit').dataset.points") == "400"
+    shot = tmp_path / "mlp_sin.png"
+    px = demo.screenshot_pixels(shot, ["loss", "fit"], {"blue": LOSS_BLUE, "orange": FIT_ORANGE,
+                                                        "gray": SIN_GRAY})
+    print(f"screenshot {shot}: {px}")
+    assert shot.stat().st_size > 10_000
+    assert px["loss"]["blue"] > 300, px     # the smoothed loss curve across the plot
+    assert px["fit"]["orange"] > 300, px    # the model's prediction
+    assert px["fit"]["gray"] > 300, px      # sin(x)
+    assert px["loss"]["ink"] > 0.02 * px["loss"]["pixels"], px
+
+    # Start trains more; Stop ends the run early; Reset clears the figures.
+    demo.page.click("#start")
+    demo.page.wait_for_function("+document.getElementById('s-step').textContent >= 165",
+                                timeout=WAIT_MS)
+    demo.page.click("#stop")
+    demo.page.wait_for_function("!document.getElementById('start').disabled", timeout=WAIT_MS)
+    status = demo.text("status")
+    assert status.startswith("stopped at step "), status
+    assert 165 <= int(status.split()[-1]) < 300, status
+    demo.page.click("#reset")
+    demo.page.wait_for_function("document.getElementById('status').textContent.startsWith('reset')",
+                                timeout=WAIT_MS)
+    assert demo.text("s-step") == "0"
+    demo.page.evaluate("() => new Promise((r) => requestAnimationFrame(() => r()))")
+    assert demo.page.evaluate("document.getElementById('loss').dataset.points") == "0"
+    assert not demo.errors, demo.errors
+
+
+def test_addition_transformer_demo_trains_and_shows_predictions(open_demo: Any,
+                                                                tmp_path: Path) -> None:
+    demo = open_demo("addition_transformer", "?autostart=1&steps=2&seed=1&every=1&eval=10")
+    figures = demo.wait_done()
+    print(f"\naddition_transformer demo: {figures}")
+    assert figures["steps"] == 2 and figures["kernels"] > 0, figures
+    assert 0 < figures["loss"] < 3.0, figures  # ln(12) ≈ 2.48 at the start
+    assert 0 <= figures["train_acc"] <= 1 and 0 <= figures["test_acc"] <= 1, figures
+    assert figures["eval_pairs"] == 10, figures
+    lines = check_log_is_console(demo)
+    assert sum(line.startswith("step ") for line in lines) == 2, lines
+
+    rows = demo.page.evaluate("""[...document.querySelectorAll('#table tbody tr')]
+        .map((tr) => [...tr.cells].map((td) => td.textContent))""")
+    assert len(rows) == 10, rows
+    for a, plus, b, pred, true, mark in rows:
+        assert plus == "+" and int(true) == int(a) + int(b), rows
+        assert mark == ("✓" if int(pred) == int(true) else "✗"), rows
+    assert demo.page.evaluate("document.getElementById('loss').dataset.points") == "2"
+    assert int(demo.page.evaluate("document.getElementById('acc').dataset.points")) >= 6
+    shot = tmp_path / "addition_transformer.png"
+    px = demo.screenshot_pixels(shot, ["loss", "acc", "table"], {"blue": LOSS_BLUE})
+    print(f"screenshot {shot}: {px}")
+    assert shot.stat().st_size > 10_000
+    assert px["loss"]["blue"] > 300, px  # the loss curve
+    assert px["table"]["ink"] > 1000, px
+    assert not demo.errors, demo.errors

@@ -1,0 +1,55 @@
+"""Fused elementwise kernels on a real device: each fused node against the reference, and
+training with fusion on tracks training with it off."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+import tensorgrad as tg
+from tensorgrad.passes import fuse_elementwise
+from tests.harness import Arg, Case, build
+from tests.kernel_check import check_graph_kernels
+from tests.models import demo
+from tests.unit.test_ops_elementwise import CASES
+
+FUSION_CASES = [c for c in CASES if c.grad] + [
+    Case("gelu", lambda x, y: tg.gelu(x * y + 1.0) * tg.sigmoid(y), [Arg((5, 7)), Arg((7,))],
+         name="broadcast-erf"),
+    Case("where", lambda x, y: tg.where(x > y, tg.exp(x), -y) + 2.0,
+         [Arg((3, 1, 4)), Arg((2, 4))], name="bool-3d"),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in FUSION_CASES])
+def test_fused_kernels_match_reference(gpu_device, case: Case) -> None:
+    b = build(case)
+    fused, _ = fuse_elementwise(b.graph, b.grads.values())
+    ops = asyncio.run(check_graph_kernels(gpu_device, fused, b.values))
+    if len(fused.nodes) < len(b.graph.nodes):
+        assert "fused" in ops
+
+
+def test_training_with_and_without_fusion_agree(gpu_device) -> None:
+    mod = demo("mlp_sin")
+
+    async def losses(fuse: bool) -> tuple[list[float], int]:
+        train = await tg.compile(model=mod.MLP(), loss=mod.loss_fn, inputs=mod.INPUTS,
+                                 optimizer=mod.optimizer(), device=gpu_device, seed=3,
+                                 fuse=fuse)
+        rng = random.Random(3)
+        out = []
+        for _ in range(15):
+            r = await train.step(**mod.batch(rng))
+            assert r.kind == "completed", r
+            out.append(r.loss)
+        count = train.kernel_count
+        train.destroy()
+        return out, count
+
+    fused, n_fused = asyncio.run(losses(True))
+    plain, n_plain = asyncio.run(losses(False))
+    assert n_fused < n_plain
+    assert fused == pytest.approx(plain, rel=1e-5)
