@@ -1029,11 +1029,8 @@ def test_deep_model_matches_reference_interpreter(gpu_device) -> None:
     run(go())
 
 
-# ---- known kernel defect ---------------------------------------------------------------------
-
-TANH_BUG = ("tanh kernel (tensorgrad/ops/elementwise.py: WGSL builtin tanh) has absolute, "
-            "not relative, accuracy near 0 on lavapipe: tanh(1e-12) = 2.98e-8, "
-            "tanh(1e-6) is 1.3% off")
+# ---- tanh near 0: WGSL's builtin tanh has only absolute accuracy there on lavapipe
+# (tanh(1e-12) = 2.98e-8); tensorgrad's kernel must keep relative accuracy.
 
 
 class _Nothing(tg.Module):
@@ -1041,7 +1038,6 @@ class _Nothing(tg.Module):
         self.unused = self.param((1,))
 
 
-@pytest.mark.xfail(strict=True, reason=TANH_BUG)
 def test_tanh_is_accurate_near_zero(gpu_device) -> None:
     xs = np.array([1e-12, -1e-9, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.5], np.float32)
 
@@ -1056,9 +1052,6 @@ def test_tanh_is_accurate_near_zero(gpu_device) -> None:
     np.testing.assert_allclose(out, np.tanh(xs.astype(np.float64)), rtol=1e-5, atol=0)
 
 
-@pytest.mark.xfail(strict=True, reason=TANH_BUG + "; so a deep tanh MLP at the default "
-                   "init (activations ~1e-14 by layer 12) gets weight gradients that are off "
-                   "by orders of magnitude, which Adam turns into full-size random updates")
 def test_deep_default_init_grads_match_reference(gpu_device) -> None:
     async def go() -> None:
         train = await tg.compile(model=DeepMLP(scale=0.02), loss=deep_loss,
