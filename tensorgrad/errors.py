@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Frames from the standard library (asyncio's event loop, ...) are never the user's line;
+# installed packages (site-packages, under the stdlib folder) can be.
+_STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
+def _is_internal(filename: str) -> bool:
+    if filename.startswith("<frozen") or filename.startswith(_PACKAGE_DIR + os.sep):
+        return True
+    return filename.startswith(_STDLIB_DIR) and "-packages" + os.sep not in filename
 
 
 def user_call_site(limit: int = 3) -> str:
@@ -14,7 +24,7 @@ def user_call_site(limit: int = 3) -> str:
     lines: list[str] = []
     while frame is not None and len(lines) < limit:
         filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_PACKAGE_DIR) and not filename.startswith("<frozen"):
+        if not _is_internal(filename) and not frame.f_code.co_filename.startswith("<frozen"):
             lines.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
         frame = frame.f_back
     return "\n".join(lines)
