@@ -143,9 +143,10 @@ def _last_use(graph: Graph) -> list[int]:
 
 def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
                  writebacks: Iterable[Sequence] = (),
-                 limits: DeviceLimits | None = None) -> BufferPlan:
+                 limits: DeviceLimits | None = None, reuse: bool = True) -> BufferPlan:
     """Plan the buffers of `graph`. `grads` maps param names to gradient node ids;
-    `writebacks` holds ``(source node id, dest leaf name, 'param' | 'state')``."""
+    `writebacks` holds ``(source node id, dest leaf name, 'param' | 'state')``.
+    `reuse=False` gives every intermediate its own buffer (for debugging and tests)."""
     grads = dict(grads or {})
     writebacks = [tuple(wb) for wb in writebacks]
     check_limits(graph, limits or DeviceLimits())
@@ -203,7 +204,7 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
         elif node.id in sources:
             buf = new_buffer("intermediate", "", False)
         else:
-            taken = take_free(need)
+            taken = take_free(need) if reuse else None
             buf = taken if taken is not None else new_buffer("intermediate", "", True)
         sizes[buf] = max(sizes[buf], need)
         occupants[buf].append(node.id)

@@ -19,7 +19,6 @@ import pytest
 import tensorgrad as tg
 from tensorgrad import api, hostdata
 from tensorgrad.gpu.interface import DeviceLimits, ShaderCompileError
-from tensorgrad.ir import LEAF_OPS
 from tensorgrad.plan import DeviceLimitError, plan_buffers
 from tests.models import DeepMLP, TinyMLP, grad_ids, param_writebacks, reference_values
 
@@ -966,14 +965,7 @@ def test_chunked_dispatch_is_bit_exact(gpu_device) -> None:
 # ---- buffer reuse ----------------------------------------------------------------------------
 
 def _plan_without_reuse(graph, **kw):
-    """plan_buffers has no switch for liveness reuse: marking every op node as a graph
-    output gives each one a dedicated buffer (what 'reuse disabled' would plan)."""
-    saved = graph.outputs
-    graph.outputs = [n.id for n in graph.nodes if n.op not in LEAF_OPS]
-    try:
-        return plan_buffers(graph, **kw)
-    finally:
-        graph.outputs = saved
+    return plan_buffers(graph, reuse=False, **kw)
 
 
 def test_liveness_reuse_changes_no_result(gpu_device, monkeypatch) -> None:
