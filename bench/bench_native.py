@@ -38,13 +38,14 @@ def load_demo(name: str) -> ModuleType:
 
 
 async def bench_model(device: tg.gpu.GPUDevice, name: str, steps: int, chunk_size: int,
-                      train_to_target: bool, max_steps: int, seed: int) -> dict:
+                      train_to_target: bool, max_steps: int, seed: int,
+                      fuse: bool = True) -> dict:
     demo = load_demo(name)
     model = demo.AdditionTransformer() if name == "addition_transformer" else demo.MLP()
     t0 = time.perf_counter()
     train = await tg.compile(model=model, loss=demo.loss_fn, inputs=demo.INPUTS,
                              optimizer=demo.optimizer(), device=device, seed=seed,
-                             chunk_size=chunk_size)
+                             chunk_size=chunk_size, fuse=fuse)
     compile_ms = (time.perf_counter() - t0) * 1e3
     rng = random.Random(seed)
     batches = [demo.batch(rng) for _ in range(16)]
@@ -57,7 +58,7 @@ async def bench_model(device: tg.gpu.GPUDevice, name: str, steps: int, chunk_siz
         if r.kind != "completed":
             raise RuntimeError(f"{name}: step {i}: {r}")
     steps_per_s = steps / (time.perf_counter() - t0)
-    out = {"model": name, "chunk_size": chunk_size, "compile_ms": round(compile_ms, 1),
+    out = {"model": name, "chunk_size": chunk_size, "fuse": fuse, "compile_ms": round(compile_ms, 1),
            "kernels": train.kernel_count, "peak_bytes": train.peak_bytes,
            "steps_per_s": round(steps_per_s, 2)}
     if train_to_target:
@@ -95,6 +96,8 @@ async def main() -> None:
     parser.add_argument("--train", action="store_true", help="train to the target loss")
     parser.add_argument("--max-steps", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare-fusion", action="store_true",
+                        help="also time each model with fusion off")
     args = parser.parse_args()
     names = list(TARGETS) if args.model == "all" else [ALIASES.get(args.model, args.model)]
     device = await request_native_device()
@@ -103,6 +106,10 @@ async def main() -> None:
         for k, chunk in enumerate(int(c) for c in args.chunk_sizes.split(",")):
             res = await bench_model(device, name, args.steps, chunk, args.train and k == 0,
                                     args.max_steps, args.seed)
+            print(" ".join(f"{k}={v}" for k, v in res.items()), flush=True)
+        if args.compare_fusion:
+            res = await bench_model(device, name, args.steps, int(args.chunk_sizes.split(",")[0]),
+                                    False, args.max_steps, args.seed, fuse=False)
             print(" ".join(f"{k}={v}" for k, v in res.items()), flush=True)
 
 

@@ -10,7 +10,10 @@ already in the graph when the op was recorded. The hash (PCG-style, u32 wrapping
     h = (h >> 22) ^ h
     u = f32(h) / 2^32
 
-The NumPy reference computes the same bits, so kernels and reference agree exactly.
+The NumPy reference computes the same bits, so kernels and reference agree exactly on the
+uniforms. Kernels evaluate -ln(u) for u near 1 by its series in t = 1 - u (exact in f32): GPU
+`log` is only accurate to ~5e-7 absolute near 1, which would make sqrt(-2 ln u) and
+ln(-ln u) lose most of their digits there.
 """
 
 from __future__ import annotations
@@ -45,6 +48,13 @@ fn pcg_hash(seed: i32, salt: u32, idx: u32) -> u32 {{
 }}
 fn to_unit(h: u32) -> f32 {{
   return f32(h) / 4294967296.0f;
+}}
+fn neg_log_unit(u: f32) -> f32 {{
+  let t = 1.0f - u;
+  if (t < 0.05f) {{
+    return t * (1.0f + t * (0.5f + t * (0.33333334f + t * (0.25f + t * 0.2f))));
+  }}
+  return -log(u);
 }}"""
 
 
@@ -160,7 +170,7 @@ def _emit_randn(ctx: EmitContext) -> Kernel:
   let h2 = pcg_mix(h1);
   let u1 = max({w.lit(U_MIN)}, to_unit(h1));
   let u2 = to_unit(h2);
-  out[i] = sqrt(-2.0f * log(u1)) * cos({w.lit(2.0 * math.pi)} * u2);"""
+  out[i] = sqrt(2.0f * neg_log_unit(u1)) * cos({w.lit(2.0 * math.pi)} * u2);"""
     return w.thread_kernel(ctx, body, prelude=HASH_WGSL)
 
 
@@ -206,7 +216,7 @@ def _emit_categorical(ctx: EmitContext) -> Kernel:
   for (var j = 0u; j < {w.u(d)}; j = j + 1u) {{
     let k = i * {w.u(d)} + j;
     let u = max({w.lit(U_MIN)}, to_unit(pcg_hash(in1[0], {salt}, k)));
-    let v = in0[k] - log(-log(u));
+    let v = in0[k] - log(neg_log_unit(u));
     if (v > best) {{ best = v; arg = i32(j); }}
   }}
   out[i] = arg;"""

@@ -126,7 +126,7 @@ MLP_SIN = """async ({ maxSteps, target }) => {
     const inputs = { x, y };
     const r = await train.step(inputs);
     if (r.kind !== "completed") return { failed: r.kind, error: r.error?.message, step: i };
-    detached &&= x.byteLength === 0 && y.byteLength === 0 && inputs.x.buffer.detached !== false;
+    detached &&= x.byteLength === 0 && y.byteLength === 0;
     losses.push(r.loss);
     if (r.loss < target) reached = i;
   }
@@ -151,7 +151,7 @@ def test_mlp_sin_reaches_low_loss_in_the_browser(tg: Page, web_url: str) -> None
 # ---------------------------------------------------------------------------------------------
 # The addition transformer: the browser's first losses equal the native backend's.
 
-TRANSFORMER_STEPS = 8  # about 4 s a step in the browser on SwiftShader, 3 s natively (lavapipe)
+TRANSFORMER_STEPS = 10  # about 4 s a step in the browser on SwiftShader, 3 s natively (lavapipe)
 TRANSFORMER_SEED = 7
 
 TRANSFORMER = """async ({ batches, seed }) => {

@@ -11,6 +11,7 @@ import pytest
 
 import tensorgrad as tg
 from tensorgrad.codegen.kernel import dispatch_size
+from tensorgrad.ops.stochastic import _uniform
 from tensorgrad.reference import evaluate
 from tests.harness import Arg, Case, build
 from tests.kernel_check import check_graph_kernels, run_node
@@ -43,7 +44,8 @@ def test_large_randn_and_dropout_backward(gpu_device) -> None:
 
 
 def test_large_categorical(gpu_device) -> None:
-    """Rows whose two best Gumbel scores are closer than the f32 log error may differ."""
+    """Rows may differ only where f32 math cannot decide: the two best Gumbel scores closer
+    than the log error, or a uniform so close to 1 that log(-log u) is ill-conditioned."""
     case = Case("categorical", lambda lg: tg.categorical(lg * 3.0), [Arg((3000, 50))],
                 grad=False, feeds=seed_feed(5))
     b = build(case)
@@ -52,9 +54,9 @@ def test_large_categorical(gpu_device) -> None:
     got = asyncio.run(run_node(gpu_device, b.graph, node, values))
     want = values[node.id]
     logits = values[node.inputs[0]].astype(np.float64)
-    from tensorgrad.ops.stochastic import _uniform
-    u = np.maximum(1e-10, _uniform(b.values["__prng_seed"], node.attrs["salt"], logits.shape))
-    score = np.sort(logits - np.log(-np.log(u.astype(np.float64))), axis=-1)
-    close = score[:, -1] - score[:, -2] < 1e-4
-    assert np.all((got == want) | close)
-    assert np.mean(got == want) > 0.99
+    u = np.maximum(1e-10, _uniform(b.values["__prng_seed"], node.attrs["salt"],
+                                   logits.shape).astype(np.float64))
+    score = np.sort(logits - np.log(-np.log(u)), axis=-1)
+    undecidable = (score[:, -1] - score[:, -2] < 1e-4) | np.any(u > 0.999, axis=-1)
+    assert np.all((got == want) | undecidable)
+    assert np.mean(got == want) > 0.995
