@@ -16,6 +16,8 @@ from tensorgrad.tensor import leaf, tracing
 from tensorgrad.trace import trace
 from tests.models import demo
 
+COVERS = {"fused"}  # for the op-table completeness test: every test here exercises it
+
 
 def _training_graph(name: str, seed: int = 0):
     mod = demo(name)

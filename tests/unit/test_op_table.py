@@ -1,6 +1,6 @@
 """The op table is complete: every op has all its parts and test cases that exercise it.
 
-Each family test module (tests/unit/test_ops_*.py, and test_optim.py) exports `CASES` (and optionally `COVERS`,
+Each family test module (tests/unit/test_ops_*.py, test_optim.py, test_fuse.py) exports `CASES` (and optionally `COVERS`,
 primitive names its other tests exercise). A public op is covered when some Case names it; a
 primitive is covered when it appears in some case's forward+backward graph or in COVERS.
 """
@@ -22,7 +22,7 @@ REQUIRED_PUBLIC = ["add", "sub", "mul", "div", "minimum", "maximum", "sqrt", "rs
 
 def _family_modules():
     for info in pkgutil.iter_modules(unit_tests.__path__):
-        if info.name.startswith("test_ops_") or info.name == "test_optim":
+        if info.name.startswith("test_ops_") or info.name in ("test_optim", "test_fuse"):
             yield importlib.import_module(f"tests.unit.{info.name}")
 
 
