@@ -45,6 +45,12 @@ ERF_WGSL = f"""fn erf_as(x: f32) -> f32 {{
 }}"""
 
 
+# WGSL leaves log/sqrt of a negative number indeterminate (SwiftShader's log gives log|x|):
+# select NaN explicitly, as NumPy does. A runtime bitcast: a const NaN is a WGSL error.
+NAN_WGSL = """fn nan_if(x: f32, bad: bool) -> f32 {
+  return select(x, bitcast<f32>(0x7fc00000u | u32(bad)), bad);
+}"""
+
 # WGSL's builtin tanh loses all relative accuracy near 0 on some drivers (lavapipe gives
 # tanh(1e-12) = 3e-8), which wrecks gradients of deep tanh nets at small init. Odd Taylor
 # series below 0.1 (error < 3e-10 relative), a cancellation-free exp form above.
@@ -313,13 +319,14 @@ def _unary(name: str, np_fn: Callable[[Any], Any], expr: str, vjp: Any, doc: str
     return public(fn)
 
 
-sqrt = _unary("sqrt", lambda x: _np().sqrt(x), "sqrt(a0)",
-              lambda i, c, dy, at: [mul_scalar(div(dy, c), 0.5)], "Square root")
-rsqrt = _unary("rsqrt", lambda x: 1.0 / _np().sqrt(x), "(1.0f / sqrt(a0))",
+sqrt = _unary("sqrt", lambda x: _np().sqrt(x), "nan_if(sqrt(a0), a0 < 0.0f)",
+              lambda i, c, dy, at: [mul_scalar(div(dy, c), 0.5)], "Square root",
+              prelude=NAN_WGSL)
+rsqrt = _unary("rsqrt", lambda x: 1.0 / _np().sqrt(x), "nan_if(1.0f / sqrt(a0), a0 < 0.0f)",
                lambda i, c, dy, at: [mul_scalar(mul(dy, mul(c, mul(c, c))), -0.5)],
-               "1 / sqrt(x)")
-log = _unary("log", lambda x: _np().log(x), "log(a0)",
-             lambda i, c, dy, at: [div(dy, i[0])], "Natural log")
+               "1 / sqrt(x)", prelude=NAN_WGSL)
+log = _unary("log", lambda x: _np().log(x), "nan_if(log(a0), a0 < 0.0f)",
+             lambda i, c, dy, at: [div(dy, i[0])], "Natural log", prelude=NAN_WGSL)
 exp = _unary("exp", lambda x: _np().exp(x), "exp(a0)",
              lambda i, c, dy, at: [mul(dy, c)], "e^x")
 neg = _unary("neg", lambda x: -x, "(-a0)", lambda i, c, dy, at: [neg(dy)], "-x")

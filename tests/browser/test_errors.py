@@ -79,14 +79,9 @@ def test_nan_loss_fails_the_step(models: Page) -> None:
     assert "loss is nan at step 1" in fail["message"] and "diverged" in fail["message"], fail
 
 
-LOG_NEGATIVE_XFAIL = pytest.mark.xfail(
-    reason="WGSL leaves log of a negative number indeterminate: SwiftShader returns log|x| (a "
-    "finite loss) where the reference and lavapipe give NaN; the emitted WGSL should select NaN "
-    "for x < 0", strict=False)
-
-
-@pytest.mark.parametrize("loss", [pytest.param("err_log_negative", marks=LOG_NEGATIVE_XFAIL),
-                                  "err_sqrt_negative"])
+# WGSL leaves log/sqrt of a negative number indeterminate (SwiftShader's log returns
+# log|x|); tensorgrad's kernels select NaN there, as the reference does.
+@pytest.mark.parametrize("loss", ["err_log_negative", "err_sqrt_negative"])
 def test_log_or_sqrt_of_a_negative_is_a_nan_loss(models: Page, loss: str) -> None:
     results = models.js(STEPS, {"loss": loss, "optimizer": "tg.optim.Adam(lr=1e-2)",
                                 "steps": 1})

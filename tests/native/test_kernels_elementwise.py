@@ -57,3 +57,15 @@ def test_bool_and_i32_kernels(gpu_device) -> None:
     case = Case("where", lambda a, b: tg.where(a > b, a, b * 2),
                 [Arg((4,), "i32", ints), Arg((4,), "i32", ints[::-1].copy())], grad=False)
     assert {"greater", "where", "mul_scalar"} <= check(gpu_device, case, with_grad=False)
+
+
+@pytest.mark.parametrize("fn", [tg.log, tg.sqrt, tg.rsqrt])
+def test_negative_domain_gives_nan(gpu_device, fn) -> None:
+    # WGSL leaves these indeterminate; the kernels must give NaN like NumPy, on any driver.
+    xs = np.array([-2.0, -1e-30, 0.5, 4.0], np.float32)
+    case = Case(fn.__name__, fn, [Arg((4,), gen=xs)], grad=False)
+    b = build(case, with_grad=False)
+    from tests.kernel_check import run_node
+    got = asyncio.run(run_node(gpu_device, b.graph, b.graph[b.out],
+                               [b.values.get(n.attrs.get("name")) for n in b.graph.nodes]))
+    assert np.isnan(got[:2]).all() and np.isfinite(got[2:]).all(), got
