@@ -373,7 +373,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise SystemExit(f"no demo '{args.name}' in demos/ (known: {known or 'none'})")
     build_web()
     server = serve_web(quiet=True)
-    url = f"{server_url(server)}demos/{args.name}/"
+    query = "&".join(f"{k}={v}" for k, v in (("steps", args.steps), ("seed", args.seed))
+                     if v is not None)
+    url = f"{server_url(server)}demos/{args.name}/" + (f"?autostart=1&{query}" if query else "")
     print(f"demo {args.name}: {url}", flush=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
@@ -389,7 +391,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not state.get("ok"):
         print(f"demo {args.name} failed: {state.get('error')}", flush=True)
         return 1
-    print(f"demo {args.name}: done", flush=True)
+    figures = state.get("figures") or {}
+    print(f"demo {args.name}: done " + " ".join(f"{k}={v}" for k, v in figures.items()),
+          flush=True)
     return 0
 
 
@@ -406,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("demo", help="train a demo in headless Chromium, print its progress")
     p.add_argument("name")
     p.add_argument("--timeout", type=float, default=900, help="seconds")
+    p.add_argument("--steps", type=int, help="training steps (default: a short headless run)")
+    p.add_argument("--seed", type=int, help="data and init seed")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("wheel", help="build dist/tensorgrad-*.whl")
     p.set_defaults(func=cmd_wheel)
