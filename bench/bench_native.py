@@ -21,8 +21,8 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import tensorgrad as tg  # noqa: E402
-from tensorgrad.gpu.native import request_native_device  # noqa: E402
+import tensorgrad as tg
+from tensorgrad.gpu.native import request_native_device
 
 TARGETS = {"mlp_sin": 0.01, "addition_transformer": 0.1}
 ALIASES = {"mlp": "mlp_sin", "transformer": "addition_transformer"}

@@ -6,12 +6,12 @@ and `await train.step(**data)`. See the README for a complete example.
 """
 
 from . import init, lr, ops, optim
-from .api import Forward, Training, compile, compile_forward, default_device  # noqa: A004
+from .api import Forward, Training, compile, compile_forward, default_device
 from .errors import ShapeError, TraceError
 from .gpu import ShaderCompileError
 from .module import Module
 from .nn import Conv2d, Embedding, LayerNorm, Linear, RMSNorm
-from .ops import *  # noqa: F401,F403
+from .ops import *
 from .ops.registry import PUBLIC as _PUBLIC
 from .results import Aborted, Captures, Completed, Failed, Result
 from .safetensors import load_safetensors, save_safetensors
@@ -20,7 +20,7 @@ from .trace import trace, trace_forward
 
 __version__ = "0.1.0"
 
-__all__ = [
+__all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
     "Aborted", "Captures", "Completed", "Conv2d", "Embedding", "Failed", "Forward",
     "LayerNorm", "Linear", "Module", "RMSNorm", "Result", "ShaderCompileError", "ShapeError",
     "Tensor", "TraceError", "Training", "compile", "compile_forward", "default_device", "init",

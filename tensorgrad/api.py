@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 from .codegen.kernel import emit_graph
 from .errors import ShapeError
@@ -476,7 +477,7 @@ class Forward(_Runner):
             self._own_store = None
 
 
-async def compile(*, model: Module, loss: Callable[..., Any], inputs: Mapping[str, Any],  # noqa: A001
+async def compile(*, model: Module, loss: Callable[..., Any], inputs: Mapping[str, Any],
                   optimizer: Any, device: GPUDevice | None = None, seed: int | None = None,
                   chunk_size: int = DEFAULT_CHUNK_SIZE, fuse: bool = True) -> Training:
     """Trace `loss(model, **inputs)`, derive gradients, append `optimizer` and compile the

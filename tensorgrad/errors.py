@@ -13,7 +13,7 @@ _STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 
 
 def _is_internal(filename: str) -> bool:
-    if filename.startswith("<frozen") or filename.startswith(_PACKAGE_DIR + os.sep):
+    if filename.startswith(("<frozen", _PACKAGE_DIR + os.sep)):
         return True
     return filename.startswith(_STDLIB_DIR) and "-packages" + os.sep not in filename
 

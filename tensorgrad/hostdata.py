@@ -6,8 +6,9 @@ size and dtype; outputs are numpy arrays when numpy imports, else memoryviews ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import prod
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import ShapeError
 
@@ -80,6 +81,6 @@ def from_bytes(data: Any, shape: Sequence[int], dtype: str) -> Any:
     return view.cast("B").cast(fmt, list(shape)) if len(shape) != 1 else view  # 0-d too
 
 
-def scalar_bytes(value: float | int, dtype: str) -> bytes:
+def scalar_bytes(value: float, dtype: str) -> bytes:
     import struct
     return struct.pack("<f" if dtype == "f32" else "<i", value)

@@ -6,7 +6,8 @@ finite-difference checks. i32 stays int32 and bool stays bool.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

@@ -8,8 +8,9 @@ many times; each run is one `device.execute` call: write inputs, run the chunked
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .codegen.kernel import Kernel, Target, dispatch_size
 from .errors import ShapeError

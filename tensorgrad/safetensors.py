@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from math import prod
-from typing import Any, Mapping
+from typing import Any
 
 from .hostdata import from_bytes, numpy_or_none
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any
 
 from .errors import ShapeError, TraceError, user_call_site
 from .ir import DTYPES, Graph, Node, Shape
-
-if TYPE_CHECKING:
-    pass
 
 PRNG_SEED_INPUT = "__prng_seed"
 

@@ -7,8 +7,8 @@ read_write). `bool` is stored as u32. All shapes are baked into the text as lite
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from math import prod
-from typing import Sequence
 
 from ..ir import Node
 from .kernel import MAX_GROUPS_X, EmitContext, Kernel
@@ -22,7 +22,7 @@ def wgsl_type(dtype: str) -> str:
     return _TYPES[dtype]
 
 
-def lit(value: float | int | bool, dtype: str = "f32") -> str:
+def lit(value: float | bool, dtype: str = "f32") -> str:
     """A WGSL literal of `dtype`. Non-finite floats become +-1e30."""
     if dtype == "f32":
         v = float(value)

@@ -9,8 +9,9 @@ time, so a browser adapter can encode the whole step with a constant number of F
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 BufferHandle = Any
 KernelHandle = Any

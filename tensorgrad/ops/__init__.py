@@ -1,11 +1,10 @@
-"""The op set. Importing this package fills the op table (:mod:`.registry`)."""
+"""The op set. Importing this package fills the op table (:mod:`.registry`): each family
+module defines its primitives and registers its public functions."""
 
-from . import index, reduce, shape  # noqa: F401  (reductions, shape ops, indexing)
-from . import conv, linalg, nn, stochastic  # noqa: F401  (conv/pool, matmul, losses, prng)
-from . import optim_ops  # noqa: F401  (optimizer update primitives)
+from . import conv, index, linalg, nn, optim_ops, reduce, shape, stochastic  # noqa: F401
 from .broadcast import broadcast_to, sum_to_shape
-from .elementwise import *  # noqa: F401,F403
+from .elementwise import *
 from .registry import OPS, PUBLIC
 
 globals().update(PUBLIC)
-__all__ = ["OPS", "PUBLIC", "broadcast_to", "sum_to_shape", *sorted(PUBLIC)]
+__all__ = ["OPS", "PUBLIC", "broadcast_to", "sum_to_shape", *sorted(PUBLIC)]  # noqa: PLE0604

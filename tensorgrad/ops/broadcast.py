@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import prod
-from typing import Any, Sequence
+from typing import Any
 
 import tensorgrad.codegen.wgsl as w
 

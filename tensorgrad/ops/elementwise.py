@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import tensorgrad.codegen.wgsl as w
 
-from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import DTYPES, Node, Shape
 from ..tensor import Tensor, record
@@ -84,7 +84,7 @@ define("full", infer=_infer_full,
        doc="A tensor filled with one value.")
 
 
-def full(shape: Sequence[int], value: float | int, dtype: str = "f32") -> Tensor:
+def full(shape: Sequence[int], value: float, dtype: str = "f32") -> Tensor:
     """A tensor of `shape` filled with `value`."""
     shape = tuple(shape)
     if shape:
@@ -330,7 +330,7 @@ log = _unary("log", lambda x: _np().log(x), "nan_if(log(a0), a0 < 0.0f)",
 exp = _unary("exp", lambda x: _np().exp(x), "exp(a0)",
              lambda i, c, dy, at: [mul(dy, c)], "e^x")
 neg = _unary("neg", lambda x: -x, "(-a0)", lambda i, c, dy, at: [neg(dy)], "-x")
-abs = _unary("abs", lambda x: _np().abs(x), "abs(a0)",  # noqa: A001
+abs = _unary("abs", lambda x: _np().abs(x), "abs(a0)",
              lambda i, c, dy, at: [where(less(i[0], 0.0), neg(dy), dy)],
              "|x| (gradient +1 at 0)")
 tanh = _unary("tanh", lambda x: _np().tanh(x), "tanh_tg(a0)",
@@ -417,7 +417,7 @@ def softplus(x: Tensor) -> Tensor:
 
 
 @public
-def clamp(x: Tensor, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
+def clamp(x: Tensor, min: float | None = None, max: float | None = None) -> Tensor:
     """Limit x to [min, max] (either bound may be None)."""
     if min is None and max is None:
         raise ShapeError("clamp", "give at least one of min and max")
@@ -429,8 +429,40 @@ def clamp(x: Tensor, min: float | None = None, max: float | None = None) -> Tens
     return out
 
 
-__all__ = ["add", "sub", "mul", "div", "minimum", "maximum", "less", "greater", "where",
-           "sqrt", "rsqrt", "log", "exp", "neg", "abs", "tanh", "sigmoid", "erf", "sin",
-           "cos", "relu", "stop_gradient", "square", "silu", "gelu", "leaky_relu",
-           "softplus", "clamp", "zeros", "ones", "full", "add_scalar", "mul_scalar",
-           "broadcast_to", "sum_to_shape"]
+__all__ = [
+    "abs",
+    "add",
+    "add_scalar",
+    "broadcast_to",
+    "clamp",
+    "cos",
+    "div",
+    "erf",
+    "exp",
+    "full",
+    "gelu",
+    "greater",
+    "leaky_relu",
+    "less",
+    "log",
+    "maximum",
+    "minimum",
+    "mul",
+    "mul_scalar",
+    "neg",
+    "ones",
+    "relu",
+    "rsqrt",
+    "sigmoid",
+    "silu",
+    "sin",
+    "softplus",
+    "sqrt",
+    "square",
+    "stop_gradient",
+    "sub",
+    "sum_to_shape",
+    "tanh",
+    "where",
+    "zeros",
+]

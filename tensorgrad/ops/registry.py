@@ -7,8 +7,9 @@ call, e.g. `tg.gelu`) are registered with :func:`public` and compose primitives.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..codegen.kernel import EmitContext, Kernel

@@ -11,8 +11,9 @@ the group's output shape. Runs after autograd and the optimizer, so `fused` need
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import tensorgrad.codegen.wgsl as w
 
@@ -126,7 +127,8 @@ def _emit_fused(ctx: EmitContext) -> Kernel:
     for n in program.nodes:
         op = OPS[n.op]
         names = [f"x{-r - 1}" if r < 0 else f"v{r}" for r in n.inputs]
-        expr = _OPERAND.sub(lambda m: names[int(m.group(1))], op.expr(n))  # type: ignore[misc]
+        expr = _OPERAND.sub(lambda m, names=names: names[int(m.group(1))],
+                            op.expr(n))  # type: ignore[misc]
         lines.append(f"  let v{n.id} = {expr};")
         if op.prelude and op.prelude not in preludes:
             preludes.append(op.prelude)
