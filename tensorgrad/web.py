@@ -9,14 +9,21 @@ Outside Pyodide (CPython), :func:`post` hands ``data`` to the sink set by :func:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import array
+import importlib.util
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from .gpu import in_pyodide
 
-__all__ = ["current_request", "flat_buffer", "from_js", "in_pyodide", "plain", "post",
-           "set_sink", "to_js_value"]
+__all__ = ["TrainingRun", "current_request", "flat_buffer", "from_js", "import_source",
+           "in_pyodide", "plain", "post", "set_sink", "to_js_value", "train_steps"]
 
 # The id of the request whose script is running (asyncio tasks inherit it).
 current_request: ContextVar[int | None] = ContextVar("tensorgrad_request", default=None)
@@ -124,3 +131,98 @@ def from_js(value: Any) -> Any:
         return v
 
     return fix(value.to_py())
+
+
+# ---- script-mode helpers: the pieces every training page needs -------------------------------
+
+async def import_source(name: str, url: str, local_path: str | Path) -> ModuleType:
+    """Import a module's source as `name`: fetched from `url` into the worker's filesystem
+    inside Pyodide, read from `local_path` natively. The module is put in `sys.modules`."""
+    path = Path(local_path)
+    if in_pyodide():
+        from pyodide.http import pyfetch  # type: ignore[import-not-found]
+
+        response = await pyfetch(url)
+        if not response.ok:
+            raise OSError(f"GET {url}: HTTP {response.status}")
+        path = Path("/home/pyodide/modules") / f"{name}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(await response.string())
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {name} from {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class TrainingRun:
+    """What :func:`train_steps` did: steps taken, losses, and its speed."""
+
+    step: int                    # the global step count after the run
+    run_steps: int = 0
+    stopped: bool = False
+    last_loss: float | None = None
+    step_seconds: float = 0.0    # time inside train.step
+    wall_seconds: float = 0.0
+
+    @property
+    def steps_per_s(self) -> float | None:
+        return self.run_steps / self.step_seconds if self.step_seconds else None
+
+    @property
+    def wall_steps_per_s(self) -> float | None:
+        return self.run_steps / self.wall_seconds if self.wall_seconds else None
+
+
+async def train_steps(train: Any, next_batch: Callable[[], Mapping[str, Any]], steps: int, *,
+                      start_step: int = 0, every: int = 100,
+                      on_every: Callable[[int, float, float], Awaitable[None]] | None = None,
+                      should_stop: Callable[[], bool] = lambda: False,
+                      losses: list[float] | None = None, max_pending: int = 50,
+                      stream_seconds: float = 0.25) -> TrainingRun:
+    """Run up to `steps` training steps, streaming losses to the page.
+
+    Posts `{kind: "loss", step, losses}` (a Float32Array of consecutive per-step losses,
+    `step` the first one's number) at least every `stream_seconds`; every `every` steps
+    awaits `on_every(step, loss, steps_per_s since the last call)`. Stops early when
+    `should_stop()` is true; a step that does not complete raises RuntimeError."""
+    run = TrainingRun(start_step)
+    pending = array.array("f")
+    t_run = t_mark = t_post = time.perf_counter()
+    mark = start_step
+
+    def flush() -> None:
+        nonlocal pending, t_post
+        if pending:
+            post({"kind": "loss", "step": run.step - len(pending) + 1, "losses": pending})
+        pending, t_post = array.array("f"), time.perf_counter()
+
+    try:
+        while run.run_steps < steps and not should_stop():
+            t0 = time.perf_counter()
+            result = await train.step(**next_batch())
+            run.step_seconds += time.perf_counter() - t0
+            if result.kind != "completed":
+                raise RuntimeError(f"step {run.step + 1} {result.kind}: "
+                                   f"{getattr(result, 'error', '')}")
+            run.step += 1
+            run.run_steps += 1
+            run.last_loss = result.loss
+            if losses is not None:
+                losses.append(result.loss)
+            pending.append(result.loss)
+            if len(pending) >= max_pending or time.perf_counter() - t_post > stream_seconds:
+                flush()
+            if on_every is not None and run.step % every == 0:
+                flush()
+                rate = (run.step - mark) / (time.perf_counter() - t_mark)
+                await on_every(run.step, result.loss, rate)
+                t_mark, mark = time.perf_counter(), run.step
+    finally:
+        flush()
+    run.stopped = should_stop()
+    run.wall_seconds = time.perf_counter() - t_run
+    return run

@@ -17,15 +17,13 @@ Start after Stop continues. Natively: ``python demos/addition_transformer/main.p
 
 from __future__ import annotations
 
-import array
-import importlib.util
 import random
 import sys
 import time
 from pathlib import Path
 
 import tensorgrad as tg
-from tensorgrad.web import in_pyodide, post
+from tensorgrad.web import import_source, in_pyodide, post, train_steps
 
 DEFAULTS = {"steps": 1500, "seed": 1, "every": 100, "eval": 500}
 TABLE_ROWS = 10
@@ -42,28 +40,14 @@ def log(text: str) -> None:
 
 
 async def load_model(cfg: dict):
-    """model.py as the module `addition_transformer_model`: fetched into the worker's
-    filesystem in the browser, read from beside this file natively."""
-    if "model" in STATE:
-        return STATE["model"]
-    if in_pyodide():
-        from pyodide.http import pyfetch
-
-        response = await pyfetch(cfg["model_url"])
-        if not response.ok:
-            raise OSError(f"GET {cfg['model_url']}: HTTP {response.status}")
-        path = Path("/home/pyodide/demos/addition_transformer/model.py")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(await response.string())
-    else:
-        path = Path(globals().get("__file__", "demos/addition_transformer/main.py"))
-        path = path.with_name("model.py")
-    spec = importlib.util.spec_from_file_location("addition_transformer_model", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    STATE["model"] = module
-    return module
+    """model.py as the module `addition_transformer_model` (fetched into the worker in the
+    browser)."""
+    if "model" not in STATE:
+        here = Path(globals().get("__file__", "demos/addition_transformer/main.py"))
+        STATE["model"] = await import_source("addition_transformer_model",
+                                             cfg.get("model_url", ""),
+                                             here.with_name("model.py"))
+    return STATE["model"]
 
 
 async def setup(cfg: dict) -> None:
@@ -120,55 +104,29 @@ async def main() -> dict:
     if STATE["step"] == 0:
         await evaluate()
     rng, losses = STATE["rng"], STATE["losses"]
-    end = STATE["step"] + int(cfg["steps"])
-    pending = array.array("f")
-    train_s = 0.0
-    run_steps = 0
-    t_run = t_mark = t_post = time.perf_counter()
-    mark_step = STATE["step"]
 
-    def flush() -> None:
-        nonlocal pending, t_post
-        if pending:
-            post({"kind": "loss", "step": STATE["step"] - len(pending) + 1, "losses": pending})
-        pending, t_post = array.array("f"), time.perf_counter()
+    async def progress(step: int, loss: float, rate: float) -> None:
+        STATE["step"] = step
+        ev = await evaluate()
+        log(f"step {step:5d}  loss {loss:.4f}  train acc {ev['trainAcc']:.1%}  "
+            f"test acc {ev['testAcc']:.1%}  {rate:.2f} steps/s")
 
-    while STATE["step"] < end and not CONTROL["stop"]:
-        t0 = time.perf_counter()
-        result = await train.step(**m.batch(rng))
-        train_s += time.perf_counter() - t0
-        if result.kind != "completed":
-            flush()
-            raise RuntimeError(f"step {STATE['step'] + 1} {result.kind}: "
-                               f"{getattr(result, 'error', '')}")
-        STATE["step"] += 1
-        run_steps += 1
-        losses.append(result.loss)
-        pending.append(result.loss)
-        if len(pending) >= 20 or time.perf_counter() - t_post > 0.25:
-            flush()
-        step = STATE["step"]
-        if step % int(cfg["every"]) == 0:
-            flush()
-            rate = (step - mark_step) / (time.perf_counter() - t_mark)
-            ev = await evaluate()
-            log(f"step {step:5d}  loss {result.loss:.4f}  train acc {ev['trainAcc']:.1%}  "
-                f"test acc {ev['testAcc']:.1%}  {rate:.2f} steps/s")
-            t_mark, mark_step = time.perf_counter(), step
-    flush()
+    run = await train_steps(train, lambda: m.batch(rng), int(cfg["steps"]),
+                            start_step=STATE["step"], every=int(cfg["every"]),
+                            on_every=progress, should_stop=lambda: CONTROL["stop"],
+                            losses=losses, max_pending=20)
+    STATE["step"] = run.step
     if not STATE["evals"] or STATE["evals"][-1]["step"] != STATE["step"]:
         await evaluate()
     last = STATE["evals"][-1]
-    wall = time.perf_counter() - t_run
     recent = losses[-10:]
     return {
-        "steps": STATE["step"], "run_steps": run_steps, "stopped": bool(CONTROL["stop"]),
+        "steps": run.step, "run_steps": run.run_steps, "stopped": run.stopped,
         "loss": losses[-1] if losses else None,
         "loss_avg10": sum(recent) / len(recent) if recent else None,
         "train_acc": last["trainAcc"], "test_acc": last["testAcc"],
         "eval_pairs": len(STATE["test_sample"]),
-        "steps_per_s": run_steps / train_s if train_s else None,
-        "wall_steps_per_s": run_steps / wall if wall else None,
+        "steps_per_s": run.steps_per_s, "wall_steps_per_s": run.wall_steps_per_s,
         "compile_ms": STATE["compile_ms"], "kernels": train.kernel_count,
         "params": STATE["params"],
     }

@@ -16,7 +16,6 @@ Start after Stop continues. Natively: ``python demos/mlp_sin/main.py steps=300 s
 from __future__ import annotations
 
 import array
-import importlib.util
 import math
 import random
 import sys
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 
 import tensorgrad as tg
-from tensorgrad.web import flat_buffer, in_pyodide, post
+from tensorgrad.web import flat_buffer, import_source, in_pyodide, post, train_steps
 
 DEFAULTS = {"steps": 2000, "seed": 1, "every": 100}
 STATE: dict = globals().setdefault("STATE", {})          # survives re-runs in the worker
@@ -40,27 +39,12 @@ def log(text: str) -> None:
 
 
 async def load_model(cfg: dict):
-    """model.py as the module `mlp_sin_model`: fetched into the worker's filesystem in the
-    browser, read from beside this file natively."""
-    if "model" in STATE:
-        return STATE["model"]
-    if in_pyodide():
-        from pyodide.http import pyfetch
-
-        response = await pyfetch(cfg["model_url"])
-        if not response.ok:
-            raise OSError(f"GET {cfg['model_url']}: HTTP {response.status}")
-        path = Path("/home/pyodide/demos/mlp_sin/model.py")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(await response.string())
-    else:
-        path = Path(globals().get("__file__", "demos/mlp_sin/main.py")).with_name("model.py")
-    spec = importlib.util.spec_from_file_location("mlp_sin_model", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    STATE["model"] = module
-    return module
+    """model.py as the module `mlp_sin_model` (fetched into the worker in the browser)."""
+    if "model" not in STATE:
+        here = Path(globals().get("__file__", "demos/mlp_sin/main.py"))
+        STATE["model"] = await import_source("mlp_sin_model", cfg.get("model_url", ""),
+                                             here.with_name("model.py"))
+    return STATE["model"]
 
 
 async def setup(cfg: dict) -> None:
@@ -110,52 +94,25 @@ async def main() -> dict:
     if STATE["step"] == 0:
         await fit_update()
     rng, losses = STATE["rng"], STATE["losses"]
-    end = STATE["step"] + int(cfg["steps"])
-    pending = array.array("f")
-    train_s = 0.0
-    run_steps = 0
-    t_run = t_mark = t_post = time.perf_counter()
-    mark_step = STATE["step"]
 
-    def flush() -> None:
-        nonlocal pending, t_post
-        if pending:
-            post({"kind": "loss", "step": STATE["step"] - len(pending) + 1, "losses": pending})
-        pending, t_post = array.array("f"), time.perf_counter()
+    async def progress(step: int, loss: float, rate: float) -> None:
+        STATE["step"] = step
+        mse = await fit_update()
+        log(f"step {step:5d}  loss {loss:.5f}  fit mse {mse:.5f}  {rate:.1f} steps/s")
 
-    while STATE["step"] < end and not CONTROL["stop"]:
-        t0 = time.perf_counter()
-        result = await train.step(**m.batch(rng))
-        train_s += time.perf_counter() - t0
-        if result.kind != "completed":
-            flush()
-            raise RuntimeError(f"step {STATE['step'] + 1} {result.kind}: "
-                               f"{getattr(result, 'error', '')}")
-        STATE["step"] += 1
-        run_steps += 1
-        losses.append(result.loss)
-        pending.append(result.loss)
-        now = time.perf_counter()
-        if len(pending) >= 50 or now - t_post > 0.25:
-            flush()
-        step = STATE["step"]
-        if step % int(cfg["every"]) == 0:
-            flush()
-            mse = await fit_update()
-            rate = (step - mark_step) / (time.perf_counter() - t_mark)
-            log(f"step {step:5d}  loss {result.loss:.5f}  fit mse {mse:.5f}  {rate:.1f} steps/s")
-            t_mark, mark_step = time.perf_counter(), step
-    flush()
+    run = await train_steps(train, lambda: m.batch(rng), int(cfg["steps"]),
+                            start_step=STATE["step"], every=int(cfg["every"]),
+                            on_every=progress, should_stop=lambda: CONTROL["stop"],
+                            losses=losses)
+    STATE["step"] = run.step
     mse = await fit_update()
-    wall = time.perf_counter() - t_run
     recent = losses[-10:]
     return {
-        "steps": STATE["step"], "run_steps": run_steps, "stopped": bool(CONTROL["stop"]),
+        "steps": run.step, "run_steps": run.run_steps, "stopped": run.stopped,
         "loss": losses[-1] if losses else None,
         "loss_avg10": sum(recent) / len(recent) if recent else None,
-        "fit_mse": mse,
-        "steps_per_s": run_steps / train_s if train_s else None,
-        "wall_steps_per_s": run_steps / wall if wall else None,
+        "fit_mse": mse, "steps_per_s": run.steps_per_s,
+        "wall_steps_per_s": run.wall_steps_per_s,
         "compile_ms": STATE["compile_ms"], "kernels": train.kernel_count,
     }
 
