@@ -8,7 +8,7 @@ import asyncio
 import random
 
 import tensorgrad as tg
-import tensorgrad.web as web
+from tensorgrad import web
 from tests.models import ROOT, mlp_sin
 
 
@@ -39,7 +39,7 @@ def test_train_steps_streams_losses_and_stops(gpu_device, monkeypatch) -> None:
     assert run.last_loss == losses[-1] and run.steps_per_s > 0
     assert marks == [(s, losses[s - 11]) for s in (14, 21, 28, 35)]
     streamed = [p for p in posts if p["kind"] == "loss"]
-    assert [p["step"] for p in streamed][0] == 11
+    assert streamed[0]["step"] == 11
     flat = [v for p in streamed for v in p["losses"]]
     assert flat == list(array.array("f", losses))  # every loss once, in order, as float32
     steps = [p["step"] for p in streamed]
