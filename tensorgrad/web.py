@@ -226,3 +226,15 @@ async def train_steps(train: Any, next_batch: Callable[[], Mapping[str, Any]], s
     run.stopped = should_stop()
     run.wall_seconds = time.perf_counter() - t_run
     return run
+
+
+# ---- Python on the page: the page client (tensorgrad/web_client.py), imported when used ------
+
+async def start(on_progress: Callable[[dict[str, Any]], Any] | None = None,
+                client_url: str | None = None, **options: Any) -> Any:
+    """From Python in a page-side Pyodide (PyScript, or loadPyodide on the page): load
+    tensorgrad.js, start tensorgrad's worker and return a :class:`tensorgrad.web_client.Session`
+    (``exec``, ``load``, ``run_script``, ``compile`` → ``step`` ...). See ``web_client.start``."""
+    from .web_client import start as _start
+
+    return await _start(on_progress=on_progress, client_url=client_url, **options)
