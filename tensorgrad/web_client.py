@@ -284,10 +284,11 @@ class RemoteForward:
         except Exception as exc:  # noqa: BLE001 (run reports failures, it never raises)
             return _local_failure(exc)
 
-    async def upload_params(self, params: Mapping[str, Any]) -> None:
-        """Replace parameters: ``{name: buffer | list | typed array}`` of f32 values."""
+    async def upload_params(self, params: Mapping[str, Any], partial: bool = False) -> None:
+        """Replace parameters: ``{name: buffer | list | typed array}`` of f32 values; every
+        param unless `partial`."""
         js_params = _inputs_to_js(params, {}, "parameter")
-        await _call(self.js.uploadParams(js_params))
+        await _call(self.js.uploadParams(js_params, _to_js({"partial": partial})))
 
     async def download_params(self) -> dict[str, memoryview]:
         """The parameters as flat f32 memoryviews, ``{name: memoryview}`` (copies)."""

@@ -324,11 +324,12 @@ async def _attach(payload: Any, session: Session) -> dict[str, Any]:
 
 @handler("uploadParams")
 async def _upload_params(payload: Any, session: Session) -> None:
-    """``{graphId, params: {name: Float32Array}}``."""
+    """``{graphId, params: {name: Float32Array}, partial?: bool}``."""
     graph = session.graph(payload["graphId"])
     params = {name: flat_buffer(data) for name, data in payload["params"].items()}
+    partial = bool(payload.get("partial", False))
     async with graph.lock:
-        await _maybe_await(graph.obj.upload_params(params))
+        await _maybe_await(graph.obj.upload_params(params, partial=partial))
 
 
 @handler("downloadParams")

@@ -144,8 +144,9 @@ export class Forward {
                                          { transfer: buffersOf(inputs) }));
   }
 
-  uploadParams(params) {
-    return this.session.request("uploadParams", { graphId: this.graphId, params },
+  /** Write {name: Float32Array}; every param unless {partial: true}. */
+  uploadParams(params, { partial = false } = {}) {
+    return this.session.request("uploadParams", { graphId: this.graphId, params, partial },
                                 { transfer: buffersOf(params) });
   }
 

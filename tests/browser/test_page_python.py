@@ -119,6 +119,8 @@ await train.set_lr(0.0)
 await train.upload_params({**params, "l2.b": [0.5]})
 step = await train.step(x=array.array("f", [0.0] * 32), y=array.array("f", [0.0] * 8))
 after = await train.download_params()
+await train.upload_params({"l2.b": [0.25]}, partial=True)
+partial = await train.download_params()
 wrong = await forward.run(x=array.array("f", [1.0] * 5))
 await train.destroy()
 aborted = await train.step(x=array.array("f", [0.0] * 32), y=array.array("f", [0.0] * 8))
@@ -131,6 +133,7 @@ json.dumps({
     "got": got, "want": [expected(r) for r in rows],
     "step": type(step).__name__, "l2.b": list(after["l2.b"]),
     "l1.W_same": list(after["l1.W"]) == list(params["l1.W"]),
+    "partial": [list(partial["l2.b"]), list(partial["l1.W"]) == list(params["l1.W"])],
     "wrong": [type(wrong).__name__, getattr(wrong, "message", "")],
     "aborted": [type(aborted).__name__, type(aborted_run).__name__],
 })
@@ -247,6 +250,7 @@ def test_attach_run_params_and_destroy(page_python: PythonPage,
     for got, want in zip(out["got"], out["want"]):
         assert abs(got - want) <= 1e-4 * max(1.0, abs(want)), out
     assert out["step"] == "Completed" and out["l2.b"] == [0.5] and out["l1.W_same"], out
+    assert out["partial"] == [[0.25], True], out  # a partial upload leaves the rest as is
     assert out["wrong"][0] == "Failed" and out["wrong"][1], out
     assert out["aborted"] == ["Aborted", "Aborted"], out
 
