@@ -46,7 +46,7 @@ class FakeTrain:
     async def attach(self, forward, inputs, output="f32"):
         return FakeForward(forward, inputs)
 
-    async def upload_params(self, params):
+    async def upload_params(self, params, partial=False):
         self.params = {k: array("f", v) for k, v in params.items()}
 
     async def download_params(self):
