@@ -9,92 +9,84 @@ import pytest
 
 from .conftest import Page
 
-# Stand-ins for the compiler (`tg.compile` and what it returns), swapped into the worker loop
-# for these tests: they exercise compile/step/run/attach/params/setLR/replaceModel/destroy
-# through the real message loop and page client, whatever state the real compiler is in.
-FAKE_TG = """
-from array import array
-from types import SimpleNamespace
+# A tiny real model for the compile/step/run/attach/params/setLR/replaceModel/destroy tests,
+# defined in the worker's namespace: Linear(4, 2) against a one-hot of i32 labels, with the
+# prediction captured. Linear's W is [in, out] (y = x @ W + b).
+WORKER_MODEL = """
+import tensorgrad as tg
+import tensorgrad.optim
 import tensorgrad.worker as loop
 
-class FakeModel:
-    pass
+WK_LR = 1.0
 
-def fake_loss(model, x, y):
-    pass
+class WkNet(tg.Module):
+    def __init__(self):
+        self.fc = tg.Linear(4, 2)
 
-class FakeTrain:
-    def __init__(self, **spec):
-        self.spec = spec
-        self.param_names = ["w"]
-        self.kernel_count = 7
-        self.params = {"w": array("f", [1.0, 2.0, 3.0])}
+    def __call__(self, x):
+        return self.fc(x)
 
-    async def step(self, x, y):
-        # typed arrays arrive as flat memoryviews; tg.compile's handle validates and shapes them
-        assert (x.format, x.shape, y.format, y.shape) == ("f", (8,), "i", (2,)), (x, y)
-        if y[0] < 0:
-            raise ValueError("negative label")
-        total = sum(x)
-        doubled = array("f", [2 * v for v in x])
-        return SimpleNamespace(kind="completed", loss=total, error=None,
-                               captures={"doubled": memoryview(doubled).cast("B").cast("f", (2, 4))})
+class WkDeeper(tg.Module):
+    def __init__(self):
+        self.l1 = tg.Linear(4, 3)
+        self.l2 = tg.Linear(3, 2)
 
-    async def run(self, x, y):
-        return SimpleNamespace(kind="failed", error=RuntimeError("forward broke"), captures=None)
+    def __call__(self, x):
+        return self.l2(tg.relu(self.l1(x)))
 
-    async def attach(self, forward, inputs, output="f32"):
-        return FakeForward(forward, inputs)
+def wk_loss(model, x, y):
+    pred = tg.capture("pred", model(x))
+    d = pred - tg.one_hot(y, 2)
+    return tg.mean(d * d)
 
-    async def upload_params(self, params, partial=False):
-        self.params = {k: array("f", v) for k, v in params.items()}
+def wk_predict(model, x):
+    return model(x)
 
-    async def download_params(self):
-        return self.params
+def wk_broken_loss(model, x, y):
+    raise ValueError("broken loss on purpose")
 
-    async def set_lr(self, lr):
-        global LAST_LR
-        LAST_LR = lr
-
-    async def replace_model(self, model, seed=None, optimizer=None):
-        self.param_names = ["w", "b"]
-
-    def destroy(self):
-        pass
-
-class FakeForward:
-    def __init__(self, forward, inputs):
-        self.forward, self.inputs, self.param_names = forward, inputs, ["w"]
-
-    async def run(self, x):
-        assert self.inputs == {"x": [None, 2]}, self.inputs
-        return SimpleNamespace(kind="completed", output=array("f", [v + 1 for v in x]),
-                               captures={})
-
-async def fake_compile(**spec):
-    return FakeTrain(**spec)
-
-real_tensorgrad = loop._tensorgrad
-loop._tensorgrad = lambda: SimpleNamespace(compile=fake_compile)
+def wk_broken_forward(model, x):
+    raise ValueError("broken forward on purpose")
 """
 
-COMPILE_FAKE = """async () => {
-  window.fake = await session.compile({ model: "FakeModel()", loss: "fake_loss",
-    inputs: { x: [2, 4], y: [[2], "i32"] }, optimizer: "{'kind': 'adam', 'lr': 0.1}",
-    seed: 3 });
-  return { graphId: fake.graphId, paramNames: fake.paramNames, kernelCount: fake.kernelCount };
+COMPILE = """async () => {
+  window.net = await session.compile({ model: "WkNet()", loss: "wk_loss",
+    inputs: { x: [2, 4], y: [[2], "i32"] }, optimizer: "tg.optim.SGD(lr=0.1)", seed: 3 });
+  return { graphId: net.graphId, paramNames: net.paramNames, kernelCount: net.kernelCount };
 }"""
+
+# Exactly representable in f32, so uploads and downloads compare exactly.
+W = [0.5, -0.25, 1.0, 2.0, -1.5, 0.125, 3.0, -4.0]  # [4, 2]
+B = [0.75, -2.0]
+X = [0.5, 1.0, -0.5, 0.25, -1.0, 0.75, 0.5, -0.25]  # [2, 4]
+Y = [1, 0]
+
+
+def linear(x: list[float], w: list[float], b: list[float], n_in: int = 4) -> list[list[float]]:
+    """Rows of x @ W + b (W is [in, out])."""
+    n_out = len(b)
+    return [[sum(x[r * n_in + i] * w[i * n_out + j] for i in range(n_in)) + b[j]
+             for j in range(n_out)] for r in range(len(x) // n_in)]
+
+
+def mse_grads(w: list[float], b: list[float]) -> tuple[list[float], list[float]]:
+    """d wk_loss / d (W, b) at X, Y: loss = mean((pred - onehot)^2) over 4 elements."""
+    d = [[p - (1.0 if Y[r] == j else 0.0) for j, p in enumerate(row)]
+         for r, row in enumerate(linear(X, w, b))]
+    gw = [sum(X[r * 4 + i] * d[r][j] for r in range(2)) / 2 for i in range(4) for j in range(2)]
+    gb = [sum(d[r][j] for r in range(2)) / 2 for j in range(2)]
+    return gw, gb
 
 
 @pytest.fixture
-def fake(tg: Page) -> Iterator[Page]:
-    """`window.fake`: a Train handle on a FakeTrain compiled through the worker loop."""
-    tg.exec(FAKE_TG)
+def net(tg: Page) -> Iterator[Page]:
+    """`window.net`: a Train handle on a real tg.compile of WkNet() (SGD, lr 0.1, seed 3)."""
+    tg.exec(WORKER_MODEL)
+    tg.info = tg.js(COMPILE)
     try:
-        tg.info = tg.js(COMPILE_FAKE)
         yield tg
     finally:
-        tg.exec("loop._tensorgrad = real_tensorgrad")
+        tg.js("() => net.destroy()")
 
 
 def test_start_reports_progress_with_times(tg: Page) -> None:
@@ -210,74 +202,181 @@ def test_load_runs_fetched_source(tg: Page, web_url: str) -> None:
     assert reply["name"] == "OSError" and "404" in reply["message"]
 
 
-def test_compile_evaluates_the_spec_in_the_namespace(fake: Page) -> None:
-    assert fake.info["paramNames"] == ["w"] and fake.info["kernelCount"] == 7
-    spec = fake.exec_json(f"""{{k: repr(v) for k, v in
-        loop.SESSION.graphs[{fake.info['graphId']}].obj.spec.items()}}""")
-    assert spec["inputs"] == "{'x': [2, 4], 'y': [[2], 'i32']}"  # as tg.compile takes JSON
-    assert spec["optimizer"] == "{'kind': 'adam', 'lr': 0.1}"
-    assert "FakeModel object" in spec["model"] and "fake_loss" in spec["loss"]
-    assert spec["seed"] == "3"
+def test_compile_evaluates_the_spec_in_the_namespace(net: Page) -> None:
+    assert net.info["paramNames"] == ["fc.W", "fc.b"] and net.info["kernelCount"] > 0
+    spec = net.exec_json(f"""(lambda t: {{"model": type(t._model).__name__,
+        "loss": t._loss_fn is wk_loss, "inputs": t._input_decls,
+        "optimizer": t._optimizer == tg.optim.SGD(lr=0.1), "seed": t.seed}})(
+        loop.SESSION.graphs[{net.info['graphId']}].obj)""")
+    assert spec == {"model": "WkNet", "loss": True, "optimizer": True, "seed": 3,
+                    "inputs": {"x": [2, 4], "y": [[2], "i32"]}}  # as tg.compile takes JSON
 
 
-def test_step_transfers_inputs_and_returns_loss_and_captures(fake: Page) -> None:
-    out: dict[str, Any] = fake.js("""async () => {
-      const x = new Float32Array([1, 2, 3, 4, 5, 6, 7, 8]);
-      const y = new Int32Array([1, 0]);
-      const r = await fake.step({ x, y });
-      return { kind: r.kind, loss: r.loss, xDetached: x.byteLength === 0,
-               yDetached: y.byteLength === 0, names: r.captures.names(),
-               doubled: Array.from(r.captures.get("doubled")),
-               type: r.captures.get("doubled").constructor.name,
-               shape: r.captures.shape("doubled") };
-    }""")
-    assert out["kind"] == "completed" and out["loss"] == 36
+STEP = """async ({ W, B, X, Y }) => {
+  await net.uploadParams({ "fc.W": Float32Array.from(W), "fc.b": Float32Array.from(B) });
+  const x = Float32Array.from(X), y = Int32Array.from(Y);
+  const r = await net.step({ x, y });
+  if (r.kind !== "completed") return { kind: r.kind, error: r.error?.message };
+  const pred = r.captures.get("pred");
+  return { kind: r.kind, loss: r.loss, xDetached: x.byteLength === 0,
+           yDetached: y.byteLength === 0, names: r.captures.names(), pred: Array.from(pred),
+           type: pred.constructor.name, shape: r.captures.shape("pred") };
+}"""
+
+
+def test_step_transfers_inputs_and_returns_loss_and_captures(net: Page) -> None:
+    out: dict[str, Any] = net.js(STEP, {"W": W, "B": B, "X": X, "Y": Y})
+    assert out["kind"] == "completed", out
     assert out["xDetached"] and out["yDetached"], "step inputs were copied, not transferred"
-    assert out["names"] == ["doubled"] and out["type"] == "Float32Array"
-    assert out["doubled"] == [2, 4, 6, 8, 10, 12, 14, 16] and out["shape"] == [2, 4]
+    assert out["names"] == ["pred"] and out["type"] == "Float32Array" and out["shape"] == [2, 2]
+    pred = linear(X, W, B)  # the capture is the forward before the update
+    assert out["pred"] == pytest.approx([v for row in pred for v in row], rel=1e-6)
+    sq = [(p - (1.0 if Y[r] == j else 0.0)) ** 2 for r, row in enumerate(pred)
+          for j, p in enumerate(row)]
+    assert out["loss"] == pytest.approx(sum(sq) / 4, rel=1e-6)
 
 
-def test_step_never_rejects(fake: Page) -> None:
-    out = fake.js("""async () => {
-      const bad = await fake.step({ x: new Float32Array(8), y: new Int32Array([-1, 0]) });
-      const missing = await fake.step({ x: new Float32Array(8) });
-      const run = await fake.run({ x: new Float32Array(8), y: new Int32Array(2) });
-      const e = (r) => ({ kind: r.kind, name: r.error?.name, message: r.error?.message,
-                          traceback: r.error?.traceback });
-      return { bad: e(bad), missing: e(missing), run: e(run) };
-    }""")
-    assert out["bad"]["kind"] == "failed" and out["bad"]["name"] == "ValueError"
-    assert "negative label" in out["bad"]["message"] and "in step" in out["bad"]["traceback"]
-    assert out["missing"]["kind"] == "failed" and out["missing"]["name"] == "TypeError"
-    assert "'y'" in out["missing"]["message"]
-    assert out["run"] == {"kind": "failed", "name": "RuntimeError", "message": "forward broke",
-                          "traceback": out["run"]["traceback"]}
+NEVER_REJECTS = """async () => {
+  const y = () => new Int32Array([1, 0]);
+  const short = await net.step({ x: new Float32Array(3), y: y() });
+  const wrongType = await net.step({ x: new Int32Array(8), y: y() });
+  const missing = await net.step({ x: new Float32Array(8) });
+  const ok = await net.step({ x: new Float32Array(8), y: y() });  // still usable
+  const run = await net.run({ x: new Float32Array(8), y: y() });  // a Train has no run
+  const broken = await net.attach({ forward: "wk_broken_forward", inputs: { x: [null, 4] } });
+  const brokenRun = await broken.run({ x: new Float32Array(4) });
+  const nan = await net.step({ x: new Float32Array(8).fill(NaN), y: y() });  // diverges
+  const compileError = await session.compile({ model: "WkNet()", loss: "wk_broken_loss",
+      inputs: { x: [2, 4], y: [[2], "i32"] }, optimizer: "tg.optim.SGD(lr=0.1)" })
+    .then(() => ({ kind: "compiled" }), (error) => ({ kind: "rejected", error }));
+  const e = (r) => ({ kind: r.kind, name: r.error?.name, message: r.error?.message,
+                      traceback: r.error?.traceback });
+  return { short: e(short), wrongType: e(wrongType), missing: e(missing), nan: e(nan),
+           run: e(run), brokenRun: e(brokenRun), ok: ok.kind, compileError: e(compileError) };
+}"""
 
 
-def test_params_lr_attach_replace_and_destroy(fake: Page) -> None:
-    out = fake.js("""async () => {
-      const w = new Float32Array([4, 5, 6]);
-      await fake.uploadParams({ w });
-      const params = await fake.downloadParams();
-      await fake.setLR("0.5 * 0.5");
-      const forward = await fake.attach({ forward: "fake_loss", inputs: { x: [null, 2] } });
-      const x = new Float32Array([1, 2, 3, 4]);
-      const run = await forward.run({ x });
-      const replaced = await fake.replaceModel("FakeModel()", { seed: 1 });
-      await fake.destroy();
-      const after = await fake.step({ x: new Float32Array(8), y: new Int32Array(2) });
-      const afterRun = await forward.run({ x: new Float32Array(2) });
-      return { detached: w.byteLength === 0, w: Array.from(params.w),
-               type: params.w.constructor.name, run: Array.from(run.output),
-               runShape: run.outputShape, xDetached: x.byteLength === 0,
-               names: replaced.paramNames, handleNames: fake.paramNames, after: after.kind,
-               afterRun: afterRun.kind };
-    }""")
-    assert out == {"detached": True, "w": [4, 5, 6], "type": "Float32Array", "run": [2, 3, 4, 5],
-                   "runShape": [4], "xDetached": True, "names": ["w", "b"],
-                   "handleNames": ["w", "b"], "after": "aborted", "afterRun": "aborted"}
-    assert fake.exec("LAST_LR") == "0.25"
-    assert fake.exec(f"loop.SESSION.graphs.get({fake.info['graphId']})") is None
+def test_step_and_run_never_reject(net: Page) -> None:
+    out = net.js(NEVER_REJECTS)
+    for case in ("short", "wrongType", "missing", "nan", "run", "brokenRun"):
+        assert out[case]["kind"] == "failed", (case, out[case])
+        assert out[case]["name"] and out[case]["message"], (case, out[case])
+        assert out[case]["message"] in out[case]["traceback"], (case, out[case])
+    for case in ("short", "wrongType"):  # the compiler's input check, raised inside step
+        assert out[case]["name"] == "ShapeError" and "'x'" in out[case]["message"], out[case]
+        assert out[case]["traceback"].startswith("Traceback (most recent call last):")
+        assert "in _step" in out[case]["traceback"], out[case]["traceback"]
+    assert "8 elements" in out["short"]["message"] and "f32" in out["wrongType"]["message"]
+    assert out["missing"]["name"] == "ShapeError" and "'y'" in out["missing"]["message"]
+    assert out["nan"]["name"] == "FloatingPointError" and "nan" in out["nan"]["message"]
+    assert out["run"]["name"] == "AttributeError" and "run" in out["run"]["message"]
+    assert out["ok"] == "completed"
+    # A Python error inside the user's forward (traced on the first run) and loss (compile).
+    broken = out["brokenRun"]
+    assert broken["name"] == "ValueError" and broken["message"] == "broken forward on purpose"
+    assert "in wk_broken_forward" in broken["traceback"], broken["traceback"]
+    assert 'raise ValueError("broken forward on purpose")' in broken["traceback"]
+    compile_error = out["compileError"]
+    assert compile_error["kind"] == "rejected" and compile_error["name"] == "ValueError"
+    assert compile_error["message"] == "broken loss on purpose"
+    assert "in wk_broken_loss" in compile_error["traceback"]
+    assert 'raise ValueError("broken loss on purpose")' in compile_error["traceback"]
+
+
+PARAMS = """async ({ W, B }) => {
+  const plain = (p) => Object.fromEntries(Object.entries(p).map(
+    ([k, v]) => [k, { type: v.constructor.name, values: Array.from(v) }]));
+  const w = Float32Array.from(W), b = Float32Array.from(B);
+  await net.uploadParams({ "fc.W": w, "fc.b": b });
+  const full = plain(await net.downloadParams());
+  const b2 = new Float32Array([7.5, -8]);
+  await net.uploadParams({ "fc.b": b2 }, { partial: true });
+  const partial = plain(await net.downloadParams());
+  const err = (p) => p.then(() => null, (e) => ({ name: e.name, message: e.message }));
+  return { detached: [w, b, b2].every((a) => a.byteLength === 0), full, partial,
+           notPartial: await err(net.uploadParams({ "fc.b": new Float32Array(2) })),
+           wrongSize: await err(net.uploadParams({ "fc.b": new Float32Array(3) },
+                                                 { partial: true })),
+           after: plain(await net.downloadParams()) };
+}"""
+
+
+def test_upload_and_download_params_round_trip(net: Page) -> None:
+    out = net.js(PARAMS, {"W": W, "B": B})
+    assert out["detached"], "uploaded params were copied, not transferred"
+    f32 = "Float32Array"
+    assert out["full"] == {"fc.W": {"type": f32, "values": W}, "fc.b": {"type": f32, "values": B}}
+    assert out["partial"] == {"fc.W": {"type": f32, "values": W},
+                              "fc.b": {"type": f32, "values": [7.5, -8]}}
+    assert out["notPartial"]["name"] == "KeyError" and "fc.W" in out["notPartial"]["message"]
+    assert out["wrongSize"]["name"] == "ShapeError" and "fc.b" in out["wrongSize"]["message"]
+    assert out["after"] == out["partial"], "a rejected upload wrote something"
+
+
+SET_LR = """async ({ W, B, X, Y }) => {
+  const params = async () => Object.fromEntries(Object.entries(await net.downloadParams())
+    .map(([k, v]) => [k, Array.from(v)]));
+  const step = () => net.step({ x: Float32Array.from(X), y: Int32Array.from(Y) });
+  await net.uploadParams({ "fc.W": Float32Array.from(W), "fc.b": Float32Array.from(B) });
+  await net.setLR(0);  // a number
+  const frozen = (await step()).kind;
+  const afterFrozen = await params();
+  await net.setLR("WK_LR / 4");  // a Python expression, evaluated in the namespace
+  const moved = (await step()).kind;
+  return { frozen, afterFrozen, moved, afterMoved: await params() };
+}"""
+
+
+def test_set_lr_takes_effect(net: Page) -> None:
+    out = net.js(SET_LR, {"W": W, "B": B, "X": X, "Y": Y})
+    assert out["frozen"] == "completed" and out["moved"] == "completed", out
+    assert out["afterFrozen"] == {"fc.W": W, "fc.b": B}, "set_lr(0) did not freeze the params"
+    gw, gb = mse_grads(W, B)  # SGD with lr 0.25: p - 0.25 * grad
+    assert out["afterMoved"]["fc.W"] == pytest.approx(
+        [w - 0.25 * g for w, g in zip(W, gw)], rel=1e-5, abs=1e-6)
+    assert out["afterMoved"]["fc.b"] == pytest.approx(
+        [b - 0.25 * g for b, g in zip(B, gb)], rel=1e-5, abs=1e-6)
+
+
+ATTACH_REPLACE_DESTROY = """async ({ W, B, rows }) => {
+  await net.uploadParams({ "fc.W": Float32Array.from(W), "fc.b": Float32Array.from(B) });
+  const forward = await net.attach({ forward: "wk_predict", inputs: { x: [null, 4] } });
+  const x = Float32Array.from(rows.flat());
+  const run = await forward.run({ x });
+  const replaced = await net.replaceModel("WkDeeper()", { seed: 1 });
+  const handle = { names: net.paramNames, kernels: net.kernelCount };
+  const rerun = await forward.run({ x: new Float32Array(8) });  // retraced on the new model
+  const restep = await net.step({ x: new Float32Array(8), y: new Int32Array([0, 1]) });
+  await net.destroy();
+  const after = await net.step({ x: new Float32Array(8), y: new Int32Array(2) });
+  const afterRun = await forward.run({ x: new Float32Array(4) });
+  return { forwardId: forward.graphId, forwardNames: forward.paramNames, run: run.kind,
+           output: Array.from(run.output ?? []), outputShape: run.outputShape,
+           type: run.output?.constructor.name, xDetached: x.byteLength === 0, replaced,
+           handle, rerun: [rerun.kind, rerun.outputShape], restep: restep.kind,
+           after: after.kind, afterRun: afterRun.kind };
+}"""
+
+
+def test_attach_replace_model_and_destroy(net: Page) -> None:
+    rows = [[0.5, -1.0, 2.0, 0.25], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]
+    out = net.js(ATTACH_REPLACE_DESTROY, {"W": W, "B": B, "rows": rows})
+    # attach with a None batch dim: the forward from the uploaded (downloadable) params
+    assert out["run"] == "completed" and out["forwardNames"] == ["fc.W", "fc.b"], out
+    assert out["outputShape"] == [3, 2] and out["type"] == "Float32Array"
+    expected = linear([v for row in rows for v in row], W, B)
+    assert out["output"] == pytest.approx([v for row in expected for v in row], rel=1e-6)
+    assert out["xDetached"], "run inputs were copied, not transferred"
+    # replaceModel: new params on the handle, the attached forward follows the new model
+    names = ["l1.W", "l1.b", "l2.W", "l2.b"]
+    assert sorted(out["replaced"]["paramNames"]) == names
+    assert out["handle"] == {"names": out["replaced"]["paramNames"],
+                             "kernels": out["replaced"]["kernelCount"]}
+    assert out["rerun"] == ["completed", [2, 2]] and out["restep"] == "completed"
+    # destroy: later steps and runs of the attached forward are aborted, the graphs are gone
+    assert out["after"] == "aborted" and out["afterRun"] == "aborted"
+    ids = [net.info["graphId"], out["forwardId"]]
+    assert net.exec_json(f"[i in loop.SESSION.graphs for i in {ids}]") == [False, False]
 
 
 def test_compile_reports_missing_compiler_or_bad_spec(tg: Page) -> None:
