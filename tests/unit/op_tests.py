@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Sequence
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -48,6 +51,20 @@ def grad_fd_check(case: Case) -> None:
     fd = fd_grads(case, b)
     for name, gid in b.grads.items():
         assert_close(vals[gid], fd[name], 5e-3, 5e-3, f"{case.id} d/d{name} vs finite diff")
+
+
+def family_modules() -> list[ModuleType]:
+    """The op family test modules: tests/unit/test_ops_*.py (each exports CASES)."""
+    import tests.unit as unit_tests
+
+    return [importlib.import_module(f"tests.unit.{info.name}")
+            for info in pkgutil.iter_modules(unit_tests.__path__)
+            if info.name.startswith("test_ops_")]
+
+
+def all_cases() -> list[Case]:
+    """Every family's CASES, in module order."""
+    return [case for mod in family_modules() for case in mod.CASES]
 
 
 def params_for(cases: Sequence[Case], grad: bool = False, fd: bool = False) -> list:

@@ -14,7 +14,6 @@ from tensorgrad import ShapeError
 from tensorgrad.autograd import append_grad
 from tensorgrad.tensor import leaf, record, tracing
 from tests.harness import Arg, Case, build, run_reference
-from tests.unit.op_tests import forward_check, grad_fd_check, grad_torch_check, params_for
 
 
 def conv_case(x, w, stride=1, padding=0, groups=1, name="", x_param=True, w_param=True):
@@ -69,21 +68,6 @@ CASES = [
     Case("nearest_upsample2d", lambda x: tg.nearest_upsample2d(x, 1) * 2.0, [Arg((1, 1, 2, 2))],
          torch_fn=lambda x: x * 2.0, name="f1"),
 ]
-
-
-@pytest.mark.parametrize("case", params_for(CASES))
-def test_forward(case: Case) -> None:
-    forward_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, grad=True))
-def test_grad_vs_torch(case: Case) -> None:
-    grad_torch_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, fd=True))
-def test_grad_vs_finite_differences(case: Case) -> None:
-    grad_fd_check(case)
 
 
 def test_grouped_conv_equals_dense_block_diagonal() -> None:

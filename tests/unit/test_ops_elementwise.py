@@ -9,7 +9,6 @@ import torch
 import tensorgrad as tg
 from tensorgrad import ShapeError
 from tests.harness import Arg, Case, build, run_reference
-from tests.unit.op_tests import forward_check, grad_fd_check, grad_torch_check, params_for
 
 N = Arg((3, 4))
 B = Arg((4,))
@@ -79,21 +78,6 @@ CASES = [
     Case("add", lambda a, b: a + b, [Arg((3,), "i32", "int:-5:5"), Arg((3,), "i32", "int:0:9")],
          torch_fn=lambda a, b: a + b, grad=False, name="i32"),
 ]
-
-
-@pytest.mark.parametrize("case", params_for(CASES))
-def test_forward(case: Case) -> None:
-    forward_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, grad=True))
-def test_grad_vs_torch(case: Case) -> None:
-    grad_torch_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, fd=True))
-def test_grad_vs_finite_differences(case: Case) -> None:
-    grad_fd_check(case)
 
 
 def test_stop_gradient_blocks_exactly() -> None:

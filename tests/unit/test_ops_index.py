@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import tensorgrad as tg
 from tensorgrad import ShapeError
 from tests.harness import Arg, Case, build, run_reference
-from tests.unit.op_tests import forward_check, grad_fd_check, grad_torch_check, params_for
+from tests.unit.op_tests import grad_fd_check
 
 
 def np_one_hot(depth: int, dtype=np.float32):
@@ -62,21 +62,6 @@ CASES = [
     _take((2, 3, 4), (1, 3, 4), 0),
     _take((5,), (3,), 0),
 ]
-
-
-@pytest.mark.parametrize("case", params_for(CASES))
-def test_forward(case: Case) -> None:
-    forward_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, grad=True))
-def test_grad_vs_torch(case: Case) -> None:
-    grad_torch_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, fd=True))
-def test_grad_vs_finite_differences(case: Case) -> None:
-    grad_fd_check(case)
 
 
 def test_out_of_range_gather_gives_zero() -> None:

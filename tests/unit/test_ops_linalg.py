@@ -12,7 +12,7 @@ from tensorgrad import ShapeError
 from tensorgrad.ops import linalg
 from tensorgrad.ops.linalg import MatmulSpec, choose_variant, mm
 from tests.harness import Arg, Case, build, run_reference
-from tests.unit.op_tests import forward_check, grad_fd_check, grad_torch_check, params_for
+from tests.unit.op_tests import grad_fd_check, grad_torch_check
 
 
 def _mm_t(ta: bool, tb: bool):
@@ -58,21 +58,6 @@ CASES = [
     Case("matmul", tg.matmul, [Arg((4, 8), gen="unit"), Arg((8, 16), gen="unit", param=False)],
          torch_fn=torch.matmul, name="exemplar"),
 ]
-
-
-@pytest.mark.parametrize("case", params_for(CASES))
-def test_forward(case: Case) -> None:
-    forward_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, grad=True))
-def test_grad_vs_torch(case: Case) -> None:
-    grad_torch_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, fd=True))
-def test_grad_vs_finite_differences(case: Case) -> None:
-    grad_fd_check(case)
 
 
 def test_weight_grad_contracts_flattened_rows() -> None:

@@ -12,7 +12,6 @@ import tensorgrad as tg
 from tensorgrad import ShapeError, TraceError
 from tensorgrad.tensor import leaf, tracing
 from tests.harness import Arg, Case, build, run_reference
-from tests.unit.op_tests import forward_check, grad_fd_check, grad_torch_check, params_for
 
 
 def torch_rope(q, k, base=10000.0):
@@ -73,21 +72,6 @@ CASES = [
     Case("capture", lambda x: tg.capture("h", x * 2.0), [Arg((3, 2))],
          torch_fn=lambda x: x * 2.0),
 ]
-
-
-@pytest.mark.parametrize("case", params_for(CASES))
-def test_forward(case: Case) -> None:
-    forward_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, grad=True))
-def test_grad_vs_torch(case: Case) -> None:
-    grad_torch_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, fd=True))
-def test_grad_vs_finite_differences(case: Case) -> None:
-    grad_fd_check(case)
 
 
 def test_rope_position_zero_is_identity_and_norms_are_kept() -> None:

@@ -9,7 +9,6 @@ import torch
 import tensorgrad as tg
 from tensorgrad import ShapeError
 from tests.harness import Arg, Case, build, run_reference
-from tests.unit.op_tests import forward_check, grad_fd_check, grad_torch_check, params_for
 
 TIES = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, -1.0, 2.0], [-5.0, -5.0, -5.0, -5.0]],
                 np.float32)
@@ -110,21 +109,6 @@ CASES = [
          [Arg((2, 5, 5))], torch_fn=lambda x: torch.softmax(t_where_causal(x, -1e30), -1),
          name="neg-inf-then-softmax"),
 ]
-
-
-@pytest.mark.parametrize("case", params_for(CASES))
-def test_forward(case: Case) -> None:
-    forward_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, grad=True))
-def test_grad_vs_torch(case: Case) -> None:
-    grad_torch_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, fd=True))
-def test_grad_vs_finite_differences(case: Case) -> None:
-    grad_fd_check(case)
 
 
 def _out(fn, *args: Arg):

@@ -10,7 +10,6 @@ import tensorgrad as tg
 from tensorgrad import ShapeError
 from tensorgrad.ops.shape import MAX_CONCAT_INPUTS, scatter_axis
 from tests.harness import Arg, Case, build, run_reference
-from tests.unit.op_tests import forward_check, grad_fd_check, grad_torch_check, params_for
 
 I32 = Arg((2, 3), "i32", "int:-9:9")
 
@@ -115,21 +114,6 @@ CASES = [
     _split((7, 2), 3, 0),
     _split((2, 6), 2, 1),
 ]
-
-
-@pytest.mark.parametrize("case", params_for(CASES))
-def test_forward(case: Case) -> None:
-    forward_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, grad=True))
-def test_grad_vs_torch(case: Case) -> None:
-    grad_torch_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, fd=True))
-def test_grad_vs_finite_differences(case: Case) -> None:
-    grad_fd_check(case)
 
 
 def _graph(fn, *args: Arg):

@@ -13,7 +13,6 @@ import tensorgrad as tg
 from tensorgrad import ShapeError
 from tensorgrad.tensor import PRNG_SEED_INPUT
 from tests.harness import Arg, Case, build, run_reference
-from tests.unit.op_tests import forward_check, grad_fd_check, grad_torch_check, params_for
 
 M32 = 0xFFFFFFFF
 
@@ -97,21 +96,6 @@ CASES = [
          np_fn=lambda lg: py_categorical(lg, 2, 0), grad=False, feeds=seed_feed(2),
          name="rank1"),
 ]
-
-
-@pytest.mark.parametrize("case", params_for(CASES))
-def test_forward(case: Case) -> None:
-    forward_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, grad=True))
-def test_grad_vs_torch(case: Case) -> None:
-    grad_torch_check(case)
-
-
-@pytest.mark.parametrize("case", params_for(CASES, fd=True))
-def test_grad_vs_finite_differences(case: Case) -> None:
-    grad_fd_check(case)
 
 
 def _run(fn, args=(), seed=1, grad=False):
