@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ from tensorgrad.codegen.kernel import Target, dispatch_size, emit_node
 from tensorgrad.gpu.interface import Dispatch, GPUDevice
 from tensorgrad.ir import LEAF_OPS, Graph, Node
 from tensorgrad.reference import evaluate
+from tests.harness import Case, build
 
 GPU_NP = {"f32": np.float32, "i32": np.int32, "bool": np.uint32}
 
@@ -70,3 +72,11 @@ async def check_graph_kernels(device: GPUDevice, graph: Graph, feeds: dict[str, 
             np.testing.assert_array_equal(got, want, err_msg=f"kernel for {node.describe()}")
         checked.add(node.op)
     return checked
+
+
+def check_case(device: GPUDevice, case: Case, with_grad: bool | None = None,
+               **kwargs: Any) -> set[str]:
+    """Build `case` (with its backward graph unless `with_grad=False`) and check every kernel
+    of it against the reference; returns the op kinds checked."""
+    b = build(case, with_grad)
+    return asyncio.run(check_graph_kernels(device, b.graph, b.values, **kwargs))

@@ -13,18 +13,7 @@ import tensorgrad as tg
 from tensorgrad.codegen.kernel import Target, emit_node
 from tensorgrad.ops import sum_to_shape
 from tests.harness import Arg, Case, build
-from tests.kernel_check import check_graph_kernels
-from tests.unit.test_ops_elementwise import CASES
-
-
-def check(device, case: Case, with_grad: bool | None = None) -> set[str]:
-    b = build(case, with_grad)
-    return asyncio.run(check_graph_kernels(device, b.graph, b.values))
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
-def test_case_kernels(gpu_device, case: Case) -> None:
-    check(gpu_device, case)
+from tests.kernel_check import check_case as check
 
 
 def test_two_d_dispatch(gpu_device) -> None:

@@ -3,26 +3,12 @@ against the reference interpreter."""
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
 import tensorgrad as tg
-from tests.harness import Arg, Case, build
-from tests.kernel_check import check_graph_kernels
-from tests.unit.test_ops_index import CASES
-
-
-def check(device, case: Case, with_grad: bool | None = None) -> set[str]:
-    b = build(case, with_grad)
-    return asyncio.run(check_graph_kernels(device, b.graph, b.values))
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
-def test_case_kernels(gpu_device, case: Case) -> None:
-    check(gpu_device, case)
-
+from tests.harness import Arg, Case
+from tests.kernel_check import check_case as check
 
 LARGE = [
     Case("one_hot", lambda i: tg.one_hot(i, 1000), [Arg((300,), "i32", "int:-5:1005")],

@@ -4,31 +4,16 @@ forced on awkward shapes, and larger cases where the default choice picks each v
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 import tensorgrad as tg
 from tensorgrad.codegen.kernel import Target
 from tensorgrad.ops import linalg
 from tensorgrad.ops.linalg import MatmulSpec, choose_variant, mm
-from tests.harness import Arg, Case, build
-from tests.kernel_check import check_graph_kernels
-from tests.unit.test_ops_linalg import CASES
+from tests.harness import Arg, Case
+from tests.kernel_check import check_case as check
 
 VARIANTS = ["naive", "reduce", "blocked", "tiled1", "tiled2", "tiled4"]
-
-
-def check(device, case: Case, target: Target | None = None) -> set[str]:
-    b = build(case)
-    if target is None:
-        target = Target(limits=device.limits)
-    return asyncio.run(check_graph_kernels(device, b.graph, b.values, target=target))
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
-def test_case_kernels(gpu_device, case: Case) -> None:
-    check(gpu_device, case)
 
 
 AWKWARD = [

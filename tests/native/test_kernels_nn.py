@@ -4,24 +4,9 @@ language-model-sized loss and rope."""
 
 from __future__ import annotations
 
-import asyncio
-
-import pytest
-
 import tensorgrad as tg
-from tests.harness import Arg, Case, build
-from tests.kernel_check import check_graph_kernels
-from tests.unit.test_ops_nn import CASES
-
-
-def check(device, case: Case) -> set[str]:
-    b = build(case)
-    return asyncio.run(check_graph_kernels(device, b.graph, b.values))
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
-def test_case_kernels(gpu_device, case: Case) -> None:
-    check(gpu_device, case)
+from tests.harness import Arg, Case
+from tests.kernel_check import check_case as check
 
 
 def test_large_cross_entropy(gpu_device) -> None:

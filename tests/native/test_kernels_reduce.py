@@ -6,21 +6,13 @@ one thread per row otherwise)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
 import tensorgrad as tg
 from tensorgrad.codegen.kernel import Target, emit_node
 from tests.harness import Arg, Case, build
-from tests.kernel_check import check_graph_kernels
-from tests.unit.test_ops_reduce import CASES
-
-
-def check(device, case: Case, with_grad: bool | None = None, **tol) -> set[str]:
-    b = build(case, with_grad)
-    return asyncio.run(check_graph_kernels(device, b.graph, b.values, **tol))
+from tests.kernel_check import check_case as check
 
 
 def variant(case: Case, op: str) -> str:
@@ -29,11 +21,6 @@ def variant(case: Case, op: str) -> str:
     node = next(n for n in b.graph.nodes if n.op == op)
     wgsl = emit_node(b.graph, node, Target()).wgsl
     return "workgroup" if "workgroupBarrier" in wgsl else "thread"
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
-def test_case_kernels(gpu_device, case: Case) -> None:
-    check(gpu_device, case)
 
 
 TIES = np.tile(np.array([0.0, 5.0, 1.0, 5.0], np.float32), (6, 256))  # [6, 1024], max at 1

@@ -4,26 +4,12 @@ larger cases, one past the 65535-workgroup limit (2-D dispatch)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 import tensorgrad as tg
 from tensorgrad.codegen.kernel import dispatch_size
-from tests.harness import Arg, Case, build
-from tests.kernel_check import check_graph_kernels
-from tests.unit.test_ops_shape import CASES
-
-
-def check(device, case: Case, with_grad: bool | None = None) -> set[str]:
-    b = build(case, with_grad)
-    return asyncio.run(check_graph_kernels(device, b.graph, b.values))
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
-def test_case_kernels(gpu_device, case: Case) -> None:
-    check(gpu_device, case)
-
+from tests.harness import Arg, Case
+from tests.kernel_check import check_case as check
 
 LARGE = [
     Case("permute", lambda x: tg.permute(x, (2, 0, 1)), [Arg((30, 70, 50))], name="large"),

@@ -7,25 +7,15 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import pytest
 
 import tensorgrad as tg
 from tensorgrad.codegen.kernel import dispatch_size
 from tensorgrad.ops.stochastic import _uniform
 from tensorgrad.reference import evaluate
 from tests.harness import Arg, Case, build
-from tests.kernel_check import check_graph_kernels, run_node
-from tests.unit.test_ops_stochastic import CASES, seed_feed
-
-
-def check(device, case: Case, with_grad: bool | None = None) -> set[str]:
-    b = build(case, with_grad)
-    return asyncio.run(check_graph_kernels(device, b.graph, b.values))
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
-def test_case_kernels(gpu_device, case: Case) -> None:
-    check(gpu_device, case)
+from tests.kernel_check import check_case as check
+from tests.kernel_check import run_node
+from tests.unit.test_ops_stochastic import seed_feed
 
 
 def test_dropout_past_the_workgroup_limit(gpu_device) -> None:
