@@ -23,6 +23,7 @@ import importlib
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -215,19 +216,17 @@ class _NativeWorkDone:
         self._libf.wgpuDevicePoll(self._device._internal, False, self._ffi.NULL)
 
     async def wait(self, ticket: int) -> None:
-        """Until `ticket`'s work is done: non-blocking polls, yielding to the event loop;
-        short sleeps (50 us .. 0.5 ms) first, then 1 ms asyncio sleeps."""
+        """Until `ticket`'s work is done: non-blocking polls, yielding to the event loop
+        between them; short blocking sleeps (50 us doubling to 400 us) in between, since
+        asyncio cannot sleep that briefly and a late wake-up idles the GPU between chunks."""
         status = self._status
         delay = 0.0
         self._poll()
         while ticket not in status:
-            if delay < 1e-3:
-                if delay:
-                    time.sleep(delay)  # noqa: ASYNC251 - < 1 ms, asyncio can't sleep that short
-                await asyncio.sleep(0)
-                delay = 5e-5 if not delay else delay * 2
-            else:
-                await asyncio.sleep(delay)
+            if delay:
+                time.sleep(delay)  # noqa: ASYNC251 - sub-millisecond, see the docstring
+            await asyncio.sleep(0)
+            delay = min(4e-4, delay * 2) if delay else 5e-5
             self._poll()
         if status.pop(ticket) != self._lib.WGPUQueueWorkDoneStatus_Success:
             raise RuntimeError("GPU queue work failed (device lost?)")
@@ -529,9 +528,12 @@ class NativeDevice:
 
     async def execute(self, program: NativeProgram, writes: Sequence[tuple[Any, Any]],
                       reads: Sequence[tuple[Any, int]]) -> list[memoryview]:
-        """Write inputs, run the chunks with at most two submissions in flight (chunk i+1 is
-        submitted before waiting for chunk i), then read back; the read copies ride in the
-        last submission."""
+        """Write inputs, run the chunks with at most two submissions in flight, then read
+        back; the read copies ride in the last submission.
+
+        Before chunk i is submitted, chunk i - 2 must be done, so only chunks 0..n-3 carry a
+        completion token: a two-chunk step waits for nothing but its read maps, and the wait
+        for chunk i - 2 overlaps the GPU running chunk i - 1."""
         for buffer, data in writes:
             self.write_buffer(buffer, data)
         planned, nbytes = self._plan_reads(reads)
@@ -539,22 +541,19 @@ class NativeDevice:
         last = len(chunks) - 1
         if last < 0:
             self.queue.submit([self._encode([], planned)])
-        previous: tuple[Any, Any] | None = None
-        for i, ops in enumerate(chunks):  # encoding chunk i overlaps the GPU running i - 1
-            # The last submission needs no wait of its own when the read maps follow it.
-            wait = i < last or not planned
-            fence = self._take_fence() if wait and self.wait_mode == "fence" else None
+        pending: deque[tuple[Any, Any]] = deque()
+        for i, ops in enumerate(chunks):
+            if i >= 2:
+                await self._wait(*pending.popleft())  # chunk i - 2
+            token = i <= last - 2 or (i == last and not planned)
+            fence = self._take_fence() if token and self.wait_mode == "fence" else None
             command_buffer = self._encode(ops, planned if i == last else (), fence)
-            if wait:
-                current = (self._submit(command_buffer, fence), fence)
+            if token:
+                pending.append((self._submit(command_buffer, fence), fence))
             else:
                 self.queue.submit([command_buffer])
-                current = None
-            if previous is not None:  # chunk i is queued: now wait for chunk i - 1
-                await self._wait(*previous)
-            previous = current
-        if previous is not None:
-            await self._wait(*previous)
+        while pending:
+            await self._wait(*pending.popleft())
         if not planned:
             return []
         return await self._map_and_read(planned, nbytes)
