@@ -17,12 +17,12 @@ def append_grad(graph: Graph, loss: int) -> dict[str, int]:
 
     loss_node = graph[loss]
     if loss_node.shape != ():
-        raise ShapeError("loss", f"the loss must be a scalar (0-d tensor), got shape "
-                         f"{list(loss_node.shape)}; reduce it with tg.mean or tg.sum",
-                         site=loss_node.site)
+        raise ShapeError("loss", f"the loss function must return a scalar (0-d) tensor, got "
+                         f"{loss_node.dtype}{list(loss_node.shape)}; reduce it with tg.mean or "
+                         "tg.sum", site=loss_node.site)
     if loss_node.dtype != "f32":
-        raise ShapeError("loss", f"the loss must be f32, got {loss_node.dtype}",
-                         site=loss_node.site)
+        raise ShapeError("loss", f"the loss must be f32, got {loss_node.dtype}"
+                         f"{list(loss_node.shape)}", site=loss_node.site)
     forward = list(graph.nodes)
     with tracing(graph, capture=False):
         cot: dict[int, Tensor] = {loss: ops.full((), 1.0)}

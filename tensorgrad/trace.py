@@ -48,8 +48,22 @@ class InputDecl:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
 
+class _ParamsView:
+    """Param accessors shared by the trace records."""
+
+    params: dict[str, ParamSpec]
+
+    @property
+    def param_names(self) -> list[str]:
+        return list(self.params)
+
+    @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: p.shape for k, p in self.params.items()}
+
+
 @dataclass
-class TrainingTrace:
+class TrainingTrace(_ParamsView):
     """A traced training step: forward + backward graph (after DCE), before the optimizer.
 
     graph: the IR; loss: the loss node id; grads: {param name: gradient node id} (f32
@@ -64,14 +78,6 @@ class TrainingTrace:
     seed: int
 
     @property
-    def param_names(self) -> list[str]:
-        return list(self.params)
-
-    @property
-    def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {k: p.shape for k, p in self.params.items()}
-
-    @property
     def decay(self) -> dict[str, bool]:
         return {k: p.decay for k, p in self.params.items()}
 
@@ -81,7 +87,7 @@ class TrainingTrace:
 
 
 @dataclass
-class ForwardTrace:
+class ForwardTrace(_ParamsView):
     """A traced forward pass (after DCE): graph, output node id, params and inputs."""
 
     graph: Graph
@@ -89,14 +95,6 @@ class ForwardTrace:
     params: dict[str, ParamSpec]
     inputs: dict[str, InputDecl]
     grads: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def param_names(self) -> list[str]:
-        return list(self.params)
-
-    @property
-    def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {k: p.shape for k, p in self.params.items()}
 
     @property
     def output_shape(self) -> tuple[int, ...]:
@@ -284,16 +282,8 @@ def trace(model: Module, loss: Callable[..., Tensor], inputs: Mapping[str, Any],
     graph = Graph()
     with tracing(graph):
         out, specs = _run(model, loss, decls, "loss", graph)
-    node = graph[out.id]
-    if node.shape != ():
-        raise ShapeError("loss", f"the loss function must return a scalar (0-d) tensor, got "
-                         f"{node.dtype}{list(node.shape)}; reduce it with tg.mean or tg.sum",
-                         site=node.site)
-    if node.dtype != "f32":
-        raise ShapeError("loss", f"the loss must be f32, got {node.dtype}{list(node.shape)}",
-                         site=node.site)
     graph.outputs = [out.id]
-    grads = append_grad(graph, out.id)
+    grads = append_grad(graph, out.id)  # checks that the loss is a 0-d f32 tensor
     graph, remap = eliminate_dead_code(graph, [out.id, *grads.values()])
     return TrainingTrace(graph, remap[out.id], {k: remap[v] for k, v in grads.items()}, specs,
                          decls, seed)
