@@ -4,6 +4,7 @@ MLP (sin fit) and the addition transformer; optionally train each to its target 
 
     python bench/bench_native.py                         # both models, 50 timed steps each
     python bench/bench_native.py --model transformer --train --max-steps 3000
+    python bench/bench_native.py --model transformer --train --full --max-steps 1500
     python bench/bench_native.py --chunk-sizes 0,32      # chunked vs one submission
 """
 
@@ -39,7 +40,7 @@ def load_demo(name: str) -> ModuleType:
 
 async def bench_model(device: tg.gpu.GPUDevice, name: str, steps: int, chunk_size: int,
                       train_to_target: bool, max_steps: int, seed: int,
-                      fuse: bool = True) -> dict:
+                      fuse: bool = True, full: bool = False) -> dict:
     demo = load_demo(name)
     model = demo.AdditionTransformer() if name == "addition_transformer" else demo.MLP()
     t0 = time.perf_counter()
@@ -65,7 +66,7 @@ async def bench_model(device: tg.gpu.GPUDevice, name: str, steps: int, chunk_siz
         await train.reset()
         target = TARGETS[name]
         t0 = time.perf_counter()
-        loss, step = float("inf"), 0
+        loss, step, reached = float("inf"), 0, None
         for step in range(1, max_steps + 1):
             r = await train.step(**demo.batch(rng))
             if r.kind != "completed":
@@ -73,9 +74,11 @@ async def bench_model(device: tg.gpu.GPUDevice, name: str, steps: int, chunk_siz
             loss = r.loss
             if step % 100 == 0:
                 print(f"  {name} step {step}: loss {loss:.4f}", flush=True)
-            if loss < target:
-                break
-        out.update(target=target, reached=loss < target, steps_to_target=step,
+            if loss < target and reached is None:
+                reached = step
+                if not full:
+                    break
+        out.update(target=target, steps_to_target=reached, steps_trained=step,
                    final_loss=round(loss, 5), train_seconds=round(time.perf_counter() - t0, 1))
         if name == "addition_transformer":
             predict = await train.attach(forward=demo.predict_fn, inputs=demo.PREDICT_INPUTS,
@@ -96,6 +99,8 @@ async def main() -> None:
     parser.add_argument("--train", action="store_true", help="train to the target loss")
     parser.add_argument("--max-steps", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--full", action="store_true",
+                        help="with --train: keep training to --max-steps past the target")
     parser.add_argument("--compare-fusion", action="store_true",
                         help="also time each model with fusion off")
     args = parser.parse_args()
@@ -105,7 +110,7 @@ async def main() -> None:
     for name in names:
         for k, chunk in enumerate(int(c) for c in args.chunk_sizes.split(",")):
             res = await bench_model(device, name, args.steps, chunk, args.train and k == 0,
-                                    args.max_steps, args.seed)
+                                    args.max_steps, args.seed, full=args.full)
             print(" ".join(f"{k}={v}" for k, v in res.items()), flush=True)
         if args.compare_fusion:
             res = await bench_model(device, name, args.steps, int(args.chunk_sizes.split(",")[0]),
