@@ -242,6 +242,11 @@ def _pypi_wheel(name: str, version: str) -> Path:
     return found[0]
 
 
+def demo_names() -> list[str]:
+    """The demos: folders of demos/ with a page (demos/common holds shared code)."""
+    return sorted(p.parent.name for p in (ROOT / "demos").glob("*/index.html"))
+
+
 def build_web() -> Path:
     """Assemble dist/web/: Pyodide core, micropip + packaging, the tensorgrad wheel, web/ files,
     demos/, manifest.json. Built beside and swapped in, so a running server never sees half."""
@@ -268,7 +273,7 @@ def build_web() -> Path:
         shutil.copytree(ROOT / "web", tmp, dirs_exist_ok=True)
     demos: list[str] = []
     if (ROOT / "demos").is_dir():
-        demos = sorted(p.name for p in (ROOT / "demos").iterdir() if p.is_dir())
+        demos = demo_names()
         shutil.copytree(ROOT / "demos", tmp / "demos",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     manifest = {"version": wheel.name.split("-")[1], "pyodide": PYODIDE_VERSION,
@@ -368,8 +373,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from playwright.sync_api import sync_playwright
 
     install_browser_deps()
-    if not (ROOT / "demos" / args.name).is_dir():
-        known = ", ".join(sorted(p.name for p in (ROOT / "demos").iterdir() if p.is_dir()))
+    if args.name not in demo_names():
+        known = ", ".join(demo_names())
         raise SystemExit(f"no demo '{args.name}' in demos/ (known: {known or 'none'})")
     build_web()
     server = serve_web(quiet=True)
