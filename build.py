@@ -113,9 +113,7 @@ def install_test_deps() -> None:
     ensure_apt_packages()
     if not _python_test_deps_met():
         run([sys.executable, "-m", "pip", "install", "-q", "-e", ".[test]"], cwd=ROOT)
-    # Hook: npm packages (the Pyodide core) and Chromium for the browser tests.
-    if "install_browser_deps" in globals():
-        install_browser_deps()
+    install_browser_deps()  # npm packages (the Pyodide core) and Chromium
 
 
 def cmd_test(args: argparse.Namespace) -> int:
