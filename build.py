@@ -420,7 +420,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_wheel)
     p = sub.add_parser("web", help="assemble dist/web/")
     p.set_defaults(func=cmd_web)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "test":  # everything else goes to pytest: build.py test -k adam -x
+        args.pytest_args = [*args.pytest_args, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.func(args)
 
 
