@@ -53,8 +53,8 @@ class Case:
     """One test call of public op `op`.
 
     `fn(*tensors)` builds the tensorgrad graph; `torch_fn(*torch_tensors)` is the twin
-    (None: compare with `np_fn`, or skip the external forward check when both are None and
-    `ref_only` explains why). Gradients flow to f32 args with `param=True`."""
+    (None: compare with `np_fn`; a case with neither fails the forward check). Gradients
+    flow to f32 args with `param=True`."""
 
     op: str
     fn: Callable[..., Any]

@@ -69,8 +69,7 @@ TRAIN = """async () => {
 
 
 def test_mlp_trains_in_the_browser(tg: Page) -> None:
-    if tg.exec(MODEL) != "True":
-        pytest.skip("tensorgrad.compile is not exported yet (tensorgrad/__init__.py)")
+    assert tg.exec(MODEL) == "True", "tensorgrad.compile must be exported"
     out = tg.js(TRAIN)
     print(f"\nbrowser training: compile {out.get('compileMs', 0):.0f} ms, "
           f"{out.get('stepMs', 0):.2f} ms/step, {out.get('kernels')} kernels, "

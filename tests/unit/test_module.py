@@ -11,7 +11,6 @@ import tensorgrad as tg
 from tensorgrad import init
 from tensorgrad.errors import ShapeError, TraceError
 from tensorgrad.module import Param, clone
-from tensorgrad.ops.registry import PUBLIC
 from tensorgrad.reference import evaluate
 
 
@@ -260,10 +259,8 @@ def test_embedding_vs_torch():
     _check(out, grads, tp, r, F.embedding(torch.tensor(idx, dtype=torch.long), tp["W"]))
 
 
-needs_conv = pytest.mark.skipif("conv2d" not in PUBLIC, reason="tg.conv2d not defined yet")
 
 
-@needs_conv
 @pytest.mark.parametrize("kw", [{}, {"stride": 2, "padding": 1}, {"groups": 2, "padding": (1, 0)},
                                 {"bias": False, "stride": (1, 2)}])
 def test_conv2d_vs_torch(kw):

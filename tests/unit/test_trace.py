@@ -9,7 +9,6 @@ import torch
 import tensorgrad as tg
 from tensorgrad import init
 from tensorgrad.errors import ShapeError
-from tensorgrad.ops.registry import PUBLIC
 from tensorgrad.reference import evaluate
 from tensorgrad.trace import (
     ForwardTrace,
@@ -128,7 +127,6 @@ def test_keyword_only_and_defaults_accepted():
     assert set(t.graph.inputs) == {"x", "y"}
 
 
-@pytest.mark.skipif("capture" not in PUBLIC, reason="tg.capture not defined yet")
 def test_captures_survive():
     def loss(m, x, y):
         h = tg.capture("hidden", tg.relu(m.l1(x)))
@@ -200,7 +198,6 @@ def test_resolved_shapes_trace():
     assert f.output_shape == (6, 2)
 
 
-@pytest.mark.skipif("capture" not in PUBLIC, reason="tg.capture not defined yet")
 def test_forward_captures_survive_dce():
     def fwd(m, x):
         tg.capture("side", tg.exp(x))
