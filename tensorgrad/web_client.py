@@ -143,6 +143,21 @@ def _is_js_error(exc: BaseException) -> bool:
 
 
 # -- conversions ------------------------------------------------------------------------------
+def _callback_proxy(fn: Callable[[Any], Any] | None) -> Any:
+    """A JS-callable proxy passing each argument to `fn` as Python data (a coroutine it
+    returns is scheduled); a no-op without `fn`. The caller destroys the proxy."""
+    from pyodide.ffi import create_proxy
+
+    def call(data: Any) -> None:
+        if fn is None:
+            return
+        value = fn(_py(data))
+        if inspect.isawaitable(value):
+            asyncio.ensure_future(value)
+
+    return create_proxy(call)
+
+
 def _py(value: Any) -> Any:
     """A JS value as Python (JS null and undefined → None; objects → dicts, typed arrays →
     memoryviews); Python values pass through."""
@@ -380,16 +395,7 @@ class Session:
         """Run source defining ``async def main()`` in the worker and await it; each
         ``tensorgrad.web.post(obj)`` there calls ``on_post(obj)`` here (a dict, typed arrays as
         memoryviews; a coroutine it returns is scheduled). Returns main's value."""
-        from pyodide.ffi import create_proxy
-
-        def receive(data: Any) -> None:
-            if on_post is None:
-                return
-            value = on_post(_py(data))
-            if inspect.isawaitable(value):
-                asyncio.ensure_future(value)
-
-        proxy = create_proxy(receive)
+        proxy = _callback_proxy(on_post)
         try:
             result = await _call(self.js.runScript(source, _to_js({"onPost": proxy})))
         finally:
@@ -489,18 +495,8 @@ async def start(on_progress: ProgressCallback | None = None, client_url: str | N
     ``manifest.json``). Raises RuntimeError outside a browser page, :class:`RemoteError` when
     the worker cannot start."""
     js = _check_browser()
-    from pyodide.ffi import create_proxy
-
     client = await _import_client(js, client_url)
-
-    def progress(message: Any) -> None:
-        if on_progress is None:
-            return
-        value = on_progress(_py(message))
-        if inspect.isawaitable(value):
-            asyncio.ensure_future(value)
-
-    proxy = create_proxy(progress)
+    proxy = _callback_proxy(on_progress)
     options: dict[str, Any] = {"onProgress": proxy}
     for key, value in (("workerUrl", worker_url), ("wheelUrl", wheel_url),
                        ("indexURL", index_url)):

@@ -354,16 +354,22 @@ define("concat", infer=_infer_concat,
        doc="Join 1..7 tensors along `axis` (axis >= 0).")
 
 
+def _tensor_list(op: str, xs: Sequence[Tensor]) -> list[Tensor]:
+    """`xs` as a non-empty list of Tensors, else a ShapeError naming `op`."""
+    xs = list(xs)
+    if not xs:
+        raise ShapeError(op, "needs at least one tensor, got an empty list")
+    if any(not isinstance(t, Tensor) for t in xs):
+        kinds = ", ".join(type(t).__name__ for t in xs)
+        raise ShapeError(op, f"expected a list of Tensors, got [{kinds}]")
+    return xs
+
+
 @public
 def concat(xs: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join tensors along `axis`; dtypes equal, shapes equal except on `axis`. Any number of
     inputs (more than 7 are joined in layers so no kernel binds more than 8 buffers)."""
-    xs = list(xs)
-    if not xs:
-        raise ShapeError("concat", "needs at least one tensor, got an empty list")
-    if any(not isinstance(t, Tensor) for t in xs):
-        kinds = ", ".join(type(t).__name__ for t in xs)
-        raise ShapeError("concat", f"expected a list of Tensors, got [{kinds}]")
+    xs = _tensor_list("concat", xs)
     if xs[0].ndim == 0:
         raise ShapeError("concat", "cannot concatenate 0-d tensors (use stack)")
     axis = normalize_axis("concat", axis, xs[0].ndim)
@@ -378,12 +384,7 @@ def concat(xs: Sequence[Tensor], axis: int = 0) -> Tensor:
 @public
 def stack(xs: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join equal-shaped tensors along a new axis (`axis` in -(rank+1)..rank)."""
-    xs = list(xs)
-    if not xs:
-        raise ShapeError("stack", "needs at least one tensor, got an empty list")
-    if any(not isinstance(t, Tensor) for t in xs):
-        kinds = ", ".join(type(t).__name__ for t in xs)
-        raise ShapeError("stack", f"expected a list of Tensors, got [{kinds}]")
+    xs = _tensor_list("stack", xs)
     if any(t.shape != xs[0].shape for t in xs):
         listed = ", ".join(str(list(t.shape)) for t in xs)
         raise ShapeError("stack", f"all tensors must have the same shape, got {listed}")
