@@ -245,6 +245,20 @@ def demo_names() -> list[str]:
     return sorted(p.parent.name for p in (ROOT / "demos").glob("*/index.html"))
 
 
+def build_demo_data() -> list[Path]:
+    """The demos' data files (demos/data/: pinned packages converted, cached in dist/.cache)."""
+    import importlib.util
+
+    path = ROOT / "demos" / "data" / "__init__.py"
+    if not path.exists():
+        return []
+    spec = importlib.util.spec_from_file_location("tensorgrad_demo_data", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_all(CACHE / "data")
+
+
 def build_web() -> Path:
     """Assemble dist/web/: Pyodide core, micropip + packaging, the tensorgrad wheel, web/ files,
     demos/, manifest.json. Built beside and swapped in, so a running server never sees half."""
@@ -273,9 +287,15 @@ def build_web() -> Path:
     if (ROOT / "demos").is_dir():
         demos = demo_names()
         shutil.copytree(ROOT / "demos", tmp / "demos",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"))
+    data = build_demo_data()
+    if data:
+        (tmp / "data").mkdir()
+        for path in data:
+            shutil.copy2(path, tmp / "data" / path.name)
     manifest = {"version": wheel.name.split("-")[1], "pyodide": PYODIDE_VERSION,
-                "indexURL": "pyodide/", "wheel": wheel.name, "demos": demos}
+                "indexURL": "pyodide/", "wheel": wheel.name, "demos": demos,
+                "data": sorted(p.name for p in data)}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     if not (tmp / "index.html").exists():
         links = "\n".join(f'<li><a href="demos/{d}/">{d}</a></li>' for d in demos)
