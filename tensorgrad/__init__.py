@@ -8,6 +8,7 @@ and `await train.step(**data)`. See the README for a complete example.
 from . import init, lr, ops, optim
 from .api import Forward, Training, compile, compile_forward, default_device
 from .errors import ShapeError, TraceError
+from .flight import single_flight
 from .gpu import ShaderCompileError
 from .module import Module
 from .nn import Conv2d, Embedding, LayerNorm, Linear, RMSNorm
@@ -24,6 +25,7 @@ __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
     "Aborted", "Captures", "Completed", "Conv2d", "Embedding", "Failed", "Forward",
     "LayerNorm", "Linear", "Module", "RMSNorm", "Result", "ShaderCompileError", "ShapeError",
     "Tensor", "TraceError", "Training", "compile", "compile_forward", "default_device", "init",
-    "load_safetensors", "lr", "ops", "optim", "save_safetensors", "trace", "trace_forward",
+    "load_safetensors", "lr", "ops", "optim", "save_safetensors", "single_flight", "trace",
+    "trace_forward",
     *sorted(_PUBLIC),
 ]

@@ -228,6 +228,16 @@ class Training(_Runner):
         return self._store.names if self._store else []
 
     @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """{param name: shape}, in param order."""
+        return {n: s.shape for n, s in self._store.specs.items()} if self._store else {}
+
+    @property
+    def param_count(self) -> int:
+        """How many parameter values the model has (sum of the param sizes)."""
+        return sum(s.size for s in self._store.specs.values()) if self._store else 0
+
+    @property
     def kernel_count(self) -> int:
         return self._exe.kernel_count if self._exe else 0
 
@@ -405,6 +415,16 @@ class Forward(_Runner):
     @property
     def param_names(self) -> list[str]:
         return self._store.names
+
+    @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """{param name: shape}, in param order (the params this forward shares or owns)."""
+        return {n: s.shape for n, s in self._store.specs.items()}
+
+    @property
+    def param_count(self) -> int:
+        """How many parameter values the model has (sum of the param sizes)."""
+        return sum(s.size for s in self._store.specs.values())
 
     def _invalidate(self) -> None:
         self._generation += 1

@@ -102,6 +102,8 @@ def test_step_returns_completed_with_loss_and_captures(gpu_device) -> None:
         assert train.step_count == 1
         assert train.output_shape == ()
         assert train.param_names == ["l1.W", "l1.b", "l2.W", "l2.b"]
+        assert train.param_shapes == {n: tuple(np.shape(v)) for n, v in p0.items()}
+        assert train.param_count == sum(int(np.size(v)) for v in p0.values())
         assert train.kernel_count == len(train.kernels) > 0
         assert all("@compute" in k for k in train.kernels)
         assert train.peak_bytes > 0
