@@ -23,6 +23,7 @@ from .hostdata import from_bytes, to_bytes
 from .init import init_params, random_seed
 from .ir import Graph
 from .module import Module, ParamSpec
+from .ops.registry import OPS
 from .optim import append_optimizer
 from .passes import fuse_elementwise
 from .plan import plan_buffers
@@ -205,7 +206,7 @@ class Training(_Runner):
             writebacks = tuple(wb._replace(source=remap[wb.source]) for wb in writebacks)
         plan = plan_buffers(graph, grads=grads, writebacks=writebacks,
                             limits=self.device.limits)
-        kernels = emit_graph(graph, target_for(self.device))
+        kernels = emit_graph(graph, target_for(self.device), OPS)
         store = ParamStore(self.device, tr.params, seed)
         try:
             exe = build_executable(self.device, graph, plan, kernels, loss_id,
@@ -452,7 +453,7 @@ class Forward(_Runner):
             graph, remap = fuse_elementwise(graph, ())
             output = remap[output]
         plan = plan_buffers(graph, grads={}, writebacks=[], limits=self.device.limits)
-        kernels = emit_graph(graph, target_for(self.device))
+        kernels = emit_graph(graph, target_for(self.device), OPS)
         exe = build_executable(self.device, graph, plan, kernels, output,
                                _pipelines(self.device), self._chunk_size,
                                _shared_param_buffers(graph, plan, self._store))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from math import ceil
+from typing import Protocol
 
 from ..gpu.interface import DeviceLimits
 from ..ir import LEAF_OPS, Graph, Node
@@ -48,23 +50,29 @@ def dispatch_size(threads: int, workgroup_size: int) -> tuple[int, int, int]:
     return (MAX_GROUPS_X, ceil(groups / MAX_GROUPS_X), 1)
 
 
-def emit_node(graph: Graph, node: Node, target: Target) -> Kernel:
-    """The kernel for one node (an empty kernel for leaves)."""
-    from ..ops.registry import OPS
+class HasEmitter(Protocol):
+    """An op-table entry as code generation sees it: its kernel emitter (None: none)."""
 
+    @property
+    def emit(self) -> Callable[[EmitContext], Kernel] | None: ...
+
+
+def emit_node(graph: Graph, node: Node, target: Target, ops: Mapping[str, HasEmitter]
+              ) -> Kernel:
+    """The kernel for one node (an empty kernel for leaves), from its op's emitter in `ops`
+    (the op table, handed in by the caller: code generation does not import the ops)."""
     if node.op in LEAF_OPS:
         return Kernel("", 0, label=node.describe())
-    opdef = OPS[node.op]
-    if opdef.emit is None:
+    emit = ops[node.op].emit
+    if emit is None:
         raise NotImplementedError(f"op '{node.op}' has no WGSL emitter")
-    ctx = EmitContext(node, tuple(graph[i] for i in node.inputs), target)
-    kernel = opdef.emit(ctx)
+    kernel = emit(EmitContext(node, tuple(graph[i] for i in node.inputs), target))
     return Kernel(kernel.wgsl, kernel.threads, kernel.workgroup_size, node.describe())
 
 
-def emit_graph(graph: Graph, target: Target) -> list[Kernel]:
+def emit_graph(graph: Graph, target: Target, ops: Mapping[str, HasEmitter]) -> list[Kernel]:
     """One kernel per node, in graph order. TENSORGRAD_DUMP_WGSL=1 prints each kernel."""
-    kernels = [emit_node(graph, n, target) for n in graph.nodes]
+    kernels = [emit_node(graph, n, target, ops) for n in graph.nodes]
     if os.environ.get("TENSORGRAD_DUMP_WGSL"):
         for k in kernels:
             if k.wgsl:

@@ -25,8 +25,9 @@ from tensorgrad.autograd import append_grad
 from tensorgrad.errors import ShapeError
 from tensorgrad.gpu.interface import DeviceLimits
 from tensorgrad.ops import optim_ops as oo
+from tensorgrad.ops.registry import record
 from tensorgrad.reference import evaluate
-from tensorgrad.tensor import leaf, record, tracing
+from tensorgrad.tensor import leaf, tracing
 from tests.harness import Arg, Case
 from tests.unit.op_tests import forward_check, params_for
 
