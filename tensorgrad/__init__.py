@@ -7,9 +7,17 @@ and `await train.step(**data)`. See the README for a complete example.
 
 from . import init, lr, ops, optim
 from .api import Forward, Training, compile, compile_forward, default_device
-from .errors import ShapeError, TraceError
+from .errors import (
+                     AbortError,
+                     DeviceLimitError,
+                     DeviceLostError,
+                     PlanError,
+                     RemoteError,
+                     ShaderCompileError,
+                     ShapeError,
+                     TraceError,
+)
 from .flight import single_flight
-from .gpu import ShaderCompileError
 from .module import Module
 from .nn import Conv2d, Embedding, LayerNorm, Linear, RMSNorm
 from .ops import *
@@ -22,8 +30,9 @@ from .trace import trace, trace_forward
 __version__ = "0.1.0"
 
 __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
-    "Aborted", "Captures", "Completed", "Conv2d", "Embedding", "Failed", "Forward",
-    "LayerNorm", "Linear", "Module", "RMSNorm", "Result", "ShaderCompileError", "ShapeError",
+    "AbortError", "Aborted", "Captures", "Completed", "Conv2d", "DeviceLimitError",
+    "DeviceLostError", "Embedding", "Failed", "Forward", "LayerNorm", "Linear", "Module",
+    "PlanError", "RMSNorm", "RemoteError", "Result", "ShaderCompileError", "ShapeError",
     "Tensor", "TraceError", "Training", "compile", "compile_forward", "default_device", "init",
     "load_safetensors", "lr", "ops", "optim", "save_safetensors", "single_flight", "trace",
     "trace_forward",

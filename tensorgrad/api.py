@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from .codegen.kernel import emit_graph
-from .errors import ShapeError
+from .errors import AbortError, ShapeError
 from .gpu import GPUDevice, request_device
 from .hostdata import from_bytes, to_bytes
 from .init import init_params, random_seed
@@ -27,7 +27,7 @@ from .ops.registry import OPS
 from .optim import append_optimizer
 from .passes import fuse_elementwise
 from .plan import plan_buffers
-from .results import Aborted, AbortedError, Captures, Completed, Failed, Result
+from .results import Aborted, Captures, Completed, Failed, Result
 from .runtime import Executable, PipelineCache, build_executable, target_for
 from .tensor import PRNG_SEED_INPUT
 from .trace import normalize_inputs, resolve_shapes, trace, trace_forward
@@ -132,9 +132,9 @@ class _Runner:
         generation when step/run was called, not when the coroutine first ran)."""
         try:
             if self._destroyed or generation != self._generation:
-                raise AbortedError("destroyed or replaced")
+                raise AbortError("destroyed or replaced")
             result = await call()
-        except AbortedError:
+        except AbortError:
             return Aborted()
         except Exception as e:  # noqa: BLE001 - step/run report failures, never raise
             if generation != self._generation or self._destroyed:
@@ -272,7 +272,7 @@ class Training(_Runner):
     async def _step(self, inputs: Mapping[str, Any]) -> Result:
         exe = self._exe
         if exe is None:
-            raise AbortedError("no graph")
+            raise AbortError("no graph")
         _check_user_inputs("step", inputs, self._input_decls)
         feeds = dict(inputs)
         t = self._t + 1

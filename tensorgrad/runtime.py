@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .codegen.kernel import Kernel, Target, dispatch_size
-from .errors import ShapeError
+from .errors import AbortError, ShapeError
 from .gpu.interface import Copy, Dispatch, GPUDevice
 from .hostdata import from_bytes, to_bytes
 from .ir import Graph
-from .results import AbortedError
 
 SOFTWARE_ADAPTERS = ("swiftshader", "llvmpipe", "lavapipe", "software", "cpu")
 
@@ -95,7 +94,7 @@ class Executable:
         reads += [(self.buffer_of(i), max(4, self.graph[i].nbytes)) for _, i in captures]
         async with self.lock:
             if self.destroyed:
-                raise AbortedError("graph destroyed")
+                raise AbortError("graph destroyed")
             data = await self.device.execute(self.program, writes, reads)
         out = from_bytes(data[0], out_node.shape, out_node.dtype)
         caps = {name: from_bytes(d, self.graph[i].shape, self.graph[i].dtype)

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .interface import BufferHandle, Copy, DeviceLimits, Dispatch, ShaderCompileError
+from ..errors import ShaderCompileError
+from .interface import BufferHandle, Copy, DeviceLimits, Dispatch
 
 __all__ = ["BrowserDevice", "BrowserProgram", "request_browser_device"]
 

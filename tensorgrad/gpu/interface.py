@@ -51,19 +51,6 @@ class Copy:
     dst_offset: int = 0
 
 
-class ShaderCompileError(RuntimeError):
-    """A kernel's WGSL failed validation. The message names the kernel (the op) and shows
-    the WGSL with line numbers and the shader compiler's messages."""
-
-    def __init__(self, label: str, wgsl: str, messages: Sequence[str]):
-        numbered = "\n".join(f"{i + 1:4d} | {line}" for i, line in enumerate(wgsl.splitlines()))
-        text = "\n".join(messages) if messages else "(no messages from the compiler)"
-        super().__init__(f"WGSL for kernel '{label}' failed to compile:\n{text}\n{numbered}")
-        self.label = label
-        self.wgsl = wgsl
-        self.messages = list(messages)
-
-
 class GPUDevice(Protocol):
     """One WebGPU device. All buffers have usage STORAGE | COPY_SRC | COPY_DST."""
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from .interface import Copy, DeviceLimits, Dispatch, ShaderCompileError
+from ..errors import ShaderCompileError
+from .interface import Copy, DeviceLimits, Dispatch
 
 __all__ = [
     "NativeDevice", "NativeKernel", "NativeProgram", "configure_vulkan_driver",

@@ -7,7 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from tensorgrad.gpu.interface import Copy, Dispatch, ShaderCompileError
+from tensorgrad.errors import ShaderCompileError
+from tensorgrad.gpu.interface import Copy, Dispatch
 from tensorgrad.gpu.native import NativeDevice
 
 ADD = """

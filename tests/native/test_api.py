@@ -18,8 +18,9 @@ import pytest
 
 import tensorgrad as tg
 from tensorgrad import api, hostdata
-from tensorgrad.gpu.interface import DeviceLimits, ShaderCompileError
-from tensorgrad.plan import DeviceLimitError, plan_buffers
+from tensorgrad.errors import DeviceLimitError, ShaderCompileError
+from tensorgrad.gpu.interface import DeviceLimits
+from tensorgrad.plan import plan_buffers
 from tests.models import DeepMLP, TinyMLP, grad_ids, param_writebacks, reference_values
 
 B = 4
