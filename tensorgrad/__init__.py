@@ -7,6 +7,7 @@ and `await train.step(**data)`. See the README for a complete example.
 
 from . import init, lr, ops, optim
 from .api import Forward, Training, compile, compile_forward, default_device
+from .compiler import trace, trace_forward
 from .errors import (
                      AbortError,
                      DeviceLimitError,
@@ -25,7 +26,6 @@ from .ops.registry import PUBLIC as _PUBLIC
 from .results import Aborted, Captures, Completed, Failed, Result
 from .safetensors import load_safetensors, save_safetensors
 from .tensor import Tensor
-from .trace import trace, trace_forward
 
 __version__ = "0.1.0"
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-from tensorgrad import api, hostdata
+from tensorgrad import compiler, hostdata, runtime
 from tensorgrad.errors import DeviceLimitError, ShaderCompileError
 from tensorgrad.gpu.interface import DeviceLimits
 from tensorgrad.plan import plan_buffers
@@ -846,7 +846,7 @@ def test_plan_limits_name_the_tensor() -> None:
 
 
 def test_shader_compile_error_names_the_op(gpu_device, monkeypatch) -> None:
-    real = api.emit_graph
+    real = compiler.emit_graph
 
     def broken(graph, target, ops):
         kernels = real(graph, target, ops)
@@ -856,7 +856,7 @@ def test_shader_compile_error_names_the_op(gpu_device, monkeypatch) -> None:
                              k.workgroup_size, k.label)
         return kernels
 
-    monkeypatch.setattr(api, "emit_graph", broken)
+    monkeypatch.setattr(compiler, "emit_graph", broken)
 
     async def go() -> None:
         with pytest.raises(ShaderCompileError) as info:
@@ -894,7 +894,7 @@ def test_failed_compile_frees_its_buffers(gpu_device, monkeypatch) -> None:
 
     monkeypatch.setattr(gpu_device, "create_buffer", create)
     monkeypatch.setattr(gpu_device, "destroy_buffer", destroy)
-    real_emit = api.emit_graph
+    real_emit = compiler.emit_graph
 
     def broken(graph, target, ops):
         kernels = real_emit(graph, target, ops)
@@ -902,7 +902,7 @@ def test_failed_compile_frees_its_buffers(gpu_device, monkeypatch) -> None:
         kernels[i] = type(kernels[i])("fn main( {", kernels[i].threads, 256, "matmul")
         return kernels
 
-    monkeypatch.setattr(api, "emit_graph", broken)
+    monkeypatch.setattr(compiler, "emit_graph", broken)
 
     async def go() -> None:
         with pytest.raises(ShaderCompileError):
@@ -913,7 +913,7 @@ def test_failed_compile_frees_its_buffers(gpu_device, monkeypatch) -> None:
 
 
 def test_device_create_kernel_rejects_bad_wgsl(gpu_device) -> None:
-    cache = api._pipelines(gpu_device)
+    cache = runtime.pipeline_cache(gpu_device)
     with pytest.raises(ShaderCompileError, match="kernel 'my_op'") as info:
         cache.get("@compute @workgroup_size(1) fn main() { let x: f32 = 1u; }", "my_op")
     assert "   1 | @compute" in str(info.value)
@@ -974,7 +974,7 @@ def test_liveness_reuse_changes_no_result(gpu_device, monkeypatch) -> None:
     async def go() -> None:
         losses, params, (_, peak, plan) = await _deep_run(gpu_device, chunk_size=0)
         assert any(len(b.nodes) > 1 for b in plan.buffers), "no buffer is reused"
-        monkeypatch.setattr(api, "plan_buffers", _plan_without_reuse)
+        monkeypatch.setattr(compiler, "plan_buffers", _plan_without_reuse)
         flat_losses, flat_params, (_, flat_peak, flat_plan) = await _deep_run(gpu_device,
                                                                              chunk_size=0)
         monkeypatch.undo()
