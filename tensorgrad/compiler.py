@@ -28,14 +28,7 @@ from .ops.registry import OPS
 from .optim import OptimizerConfig, OptimizerPlan, Writeback, append_optimizer
 from .passes import PASSES, Phase
 from .plan import BufferPlan, plan_buffers
-from .runtime import (
-    Executable,
-    ParamStore,
-    build_executable,
-    pipeline_cache,
-    shared_param_buffers,
-    target_for,
-)
+from .runtime import Executable, ParamStore, build_executable, pipeline_cache, shared_param_buffers
 from .tensor import Tensor
 from .trace import InputDecl, check_seed, trace_graph
 
@@ -77,7 +70,8 @@ class Options:
 
     @staticmethod
     def for_device(device: GPUDevice, **kwargs: Any) -> Options:
-        return Options(device=device, limits=device.limits, target=target_for(device), **kwargs)
+        return Options(device=device, limits=device.limits,
+                       target=Target.for_device(device.limits, device.info), **kwargs)
 
 
 @dataclass

@@ -14,20 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .codegen.kernel import Kernel, Target, dispatch_size
+from .codegen.kernel import Kernel, dispatch_size
 from .errors import AbortError, ShapeError
 from .gpu.interface import Copy, Dispatch, GPUDevice
 from .hostdata import from_bytes, to_bytes
 from .init import ParamSpec, init_params
 from .ir import Graph
-
-SOFTWARE_ADAPTERS = ("swiftshader", "llvmpipe", "lavapipe", "software", "cpu")
-
-
-def target_for(device: GPUDevice) -> Target:
-    """Code-generation target for `device` (barrier-heavy tiles off on CPU emulation)."""
-    desc = (getattr(device, "description", "") or "").lower()
-    return Target(limits=device.limits, prefer_tiled=not any(s in desc for s in SOFTWARE_ADAPTERS))
 
 
 class ParamStore:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from math import ceil
 from typing import Protocol
 
-from ..gpu.interface import DeviceLimits
+from ..gpu.interface import AdapterInfo, DeviceLimits
 from ..ir import LEAF_OPS, Graph, Node
 
 MAX_GROUPS_X = 65_535
@@ -31,8 +31,14 @@ class Target:
     """What the code generator knows about the device it emits for."""
 
     limits: DeviceLimits = field(default_factory=DeviceLimits)
-    # Shared-memory tiles with barriers are slow on CPU-emulated GPUs (SwiftShader, lavapipe).
-    prefer_tiled: bool = True
+    # A CPU-emulated GPU (SwiftShader, lavapipe): shared-memory tiles with barriers are slow.
+    software: bool = False
+    features: frozenset[str] = frozenset()  # optional WebGPU features the device has
+
+    @staticmethod
+    def for_device(limits: DeviceLimits, info: AdapterInfo) -> Target:
+        """The target of a device, from what it reports about itself."""
+        return Target(limits=limits, software=info.software, features=info.features)
 
 
 @dataclass(frozen=True)

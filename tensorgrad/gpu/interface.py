@@ -30,6 +30,27 @@ class DeviceLimits:
     max_compute_workgroup_storage_size: int = 16_384
 
 
+# Optional WebGPU features tensorgrad asks for when the adapter has them (standard names).
+WANTED_FEATURES = ("subgroups", "timestamp-query", "shader-f16")
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """What a device reports about itself, for code generation and logs.
+
+    `software`: a CPU implementation of the GPU (SwiftShader, lavapipe, WARP), where
+    shared-memory tiles with barriers are slow. `features`: the optional WebGPU features
+    enabled on the device, by their standard names (``"subgroups"``, ``"timestamp-query"``,
+    ``"shader-f16"``)."""
+
+    vendor: str = ""
+    architecture: str = ""
+    description: str = ""
+    backend: str = ""
+    software: bool = False
+    features: frozenset[str] = frozenset()
+
+
 @dataclass(frozen=True)
 class Dispatch:
     """One compute pass: `kernel` bound to `buffers` (binding i = buffers[i], group 0)."""
@@ -55,6 +76,7 @@ class GPUDevice(Protocol):
     """One WebGPU device. All buffers have usage STORAGE | COPY_SRC | COPY_DST."""
 
     limits: DeviceLimits
+    info: AdapterInfo
     description: str  # adapter vendor / architecture, for logs and benchmarks
 
     def create_buffer(self, size: int, label: str = "") -> BufferHandle:
