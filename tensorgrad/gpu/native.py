@@ -30,10 +30,10 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ShaderCompileError
-from .interface import WANTED_FEATURES, AdapterInfo, Copy, DeviceLimits, Dispatch
+from .interface import WANTED_FEATURES, AdapterInfo, Copy, DeviceLimits, Dispatch, WebGPUSupport
 
 __all__ = [
-    "NativeDevice", "NativeKernel", "NativeProgram", "configure_vulkan_driver",
+    "NativeDevice", "NativeKernel", "NativeProgram", "configure_vulkan_driver", "probe_native",
     "request_native_device", "use_vulkan_driver", "vulkan_driver_manifests",
 ]
 
@@ -657,6 +657,29 @@ def _required_limits(adapter_limits: dict[str, int]) -> dict[str, int]:
         if lim.get(key):
             required[key] = int(lim[key])
     return required
+
+
+async def probe_native(backend: str | None = None) -> WebGPUSupport:
+    """A :class:`~tensorgrad.gpu.WebGPUSupport` for wgpu-py here (no device is made)."""
+    try:
+        wgpu = _import_backend(backend)
+    except ImportError as err:
+        return WebGPUSupport(False, f"WebGPU is not available natively: {err}", "no-webgpu")
+    note = configure_vulkan_driver(wgpu.__name__)
+    try:
+        adapter = await _pick_adapter(wgpu)
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        adapter, why = None, _error_text(err)
+    else:
+        why = "none found"
+    if adapter is None:
+        return WebGPUSupport(False, f"{wgpu.__name__} found no WebGPU adapter ({why}); Vulkan "
+                             f"driver: {note}. Install libvulkan1 and mesa-vulkan-drivers, or "
+                             "set VK_ICD_FILENAMES to a driver manifest.", "no-adapter")
+    info = dict(adapter.info)
+    name = info.get("device") or info.get("vendor") or "an adapter"
+    return WebGPUSupport(True, f"WebGPU ready: {name} ({info.get('adapter_type', '?')}, "
+                         f"{wgpu.__name__})")
 
 
 async def request_native_device(backend: str | None = None) -> NativeDevice:
