@@ -324,6 +324,12 @@ TRAJECTORIES = {
 }
 
 
+def test_every_optimizer_kind_has_a_torch_trajectory() -> None:
+    covered = {config.kind for config, *_ in TRAJECTORIES.values()}
+    assert covered == set(optim.CONFIGS), \
+        f"optimizers without a trajectory against torch.optim: {set(optim.CONFIGS) - covered}"
+
+
 @pytest.mark.parametrize("name", sorted(TRAJECTORIES))
 def test_trajectory_matches_torch(name: str) -> None:
     config, decay, make_opt, kw = TRAJECTORIES[name]
