@@ -33,7 +33,7 @@ __version__ = "0.1.0"
 __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
     "AbortError", "Aborted", "Captures", "Completed", "Conv2d", "DeviceLimitError",
     "DeviceLostError", "Embedding", "Failed", "Forward", "LayerNorm", "Linear", "Module",
-    "PlanError", "RMSNorm", "RemoteError", "Result", "ShaderCompileError", "ShapeError",
+    "PlanError", "ProtocolError", "RMSNorm", "RemoteError", "Result", "ShaderCompileError", "ShapeError",
     "Tensor", "TraceError", "Training", "WebGPUSupport", "check_webgpu", "compile",
     "compile_forward", "default_device", "init",
     "load_safetensors", "lr", "ops", "optim", "save_safetensors", "single_flight", "trace",

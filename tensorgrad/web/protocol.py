@@ -20,12 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EVENTS", "MESSAGES", "Message", "ProtocolError", "as_json", "check_payload"]
+from ..errors import ProtocolError
 
-
-class ProtocolError(ValueError):
-    """A message the worker cannot take: an unknown kind, or a payload that is not an object
-    with the table's fields."""
+__all__ = ["EVENTS", "MESSAGES", "Message", "as_json", "check_payload"]
 
 
 @dataclass(frozen=True)

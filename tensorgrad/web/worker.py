@@ -27,10 +27,10 @@ from typing import Any
 from .. import api, optim
 from .. import lr as lr_mod
 from ..api import Forward, Training
-from ..errors import AbortError
+from ..errors import AbortError, ProtocolError
 from ..gpu import in_pyodide
 from .convert import flat_buffer, from_js, plain, to_js_value
-from .protocol import MESSAGES, ProtocolError, check_payload
+from .protocol import MESSAGES, check_payload
 from .script import current_request
 
 __all__ = ["HANDLERS", "Graph", "Session", "dispatch", "handle", "handler", "run_source"]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tensorgrad.web.protocol import MESSAGES, ProtocolError, as_json, check_payload
+from tensorgrad.errors import ProtocolError
+from tensorgrad.web.protocol import MESSAGES, as_json, check_payload
 from tensorgrad.web.worker import HANDLERS
 
 ROOT = Path(__file__).resolve().parents[2]
