@@ -272,10 +272,10 @@ def test_step_and_run_never_reject(net: Page) -> None:
         assert out[case]["kind"] == "failed", (case, out[case])
         assert out[case]["name"] and out[case]["message"], (case, out[case])
         assert out[case]["message"] in out[case]["traceback"], (case, out[case])
-    for case in ("short", "wrongType"):  # the compiler's input check, raised inside step
+    for case in ("short", "wrongType"):  # the input check, made when step is called
         assert out[case]["name"] == "ShapeError" and "'x'" in out[case]["message"], out[case]
         assert out[case]["traceback"].startswith("Traceback (most recent call last):")
-        assert "in _step" in out[case]["traceback"], out[case]["traceback"]
+        assert "in _snapshot" in out[case]["traceback"], out[case]["traceback"]
     assert "8 elements" in out["short"]["message"] and "f32" in out["wrongType"]["message"]
     assert out["missing"]["name"] == "ShapeError" and "'y'" in out["missing"]["message"]
     assert out["nan"]["name"] == "FloatingPointError" and "nan" in out["nan"]["message"]

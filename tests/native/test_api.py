@@ -212,6 +212,67 @@ def test_log_of_negative_fails(gpu_device) -> None:
     run(go())
 
 
+async def _state(train: tg.Training) -> dict[str, bytes]:
+    """The bytes of every param and optimizer state buffer."""
+    exe = train._exe
+    states = list(exe.graph.states)
+    values = await exe.read([exe.graph.states[n].id for n in states])
+    return {**bits(await train.download_params()),
+            **{f"state:{n}": np.asarray(v).tobytes() for n, v in zip(states, values)}}
+
+
+@pytest.mark.parametrize("optimizer", [tg.optim.Adam(lr=1e-2), tg.optim.AdamW(lr=1e-2),
+                                       tg.optim.SGD(lr=1e-2, momentum=0.9),
+                                       tg.optim.Adam(lr=1e-2, clip_grad_norm=1.0)],
+                         ids=["adam", "adamw", "sgd-momentum", "adam-clip"])
+def test_a_nan_step_changes_nothing_and_training_continues(gpu_device, optimizer) -> None:
+    async def go() -> None:
+        good, bad = data(1), data(1)
+        bad["x"][2, 1] = np.nan
+        # the reference: two good steps
+        ref = await compile_tiny(gpu_device, optimizer=optimizer)
+        want = [await ref.step(**good), await ref.step(**data(2))]
+        want_state = await _state(ref)
+        ref.destroy()
+        # the same two good steps with a NaN step between them
+        train = await compile_tiny(gpu_device, optimizer=optimizer)
+        assert (await train.step(**good)).kind == "completed"
+        before = await _state(train)
+        r = await train.step(**bad)
+        assert r.kind == "failed" and isinstance(r.error, FloatingPointError), r
+        assert r.message.startswith("loss is nan at step 2: the update was skipped, params "
+                                    "and optimizer state are unchanged; input 'x' holds nan "
+                                    "at flat index 5"), r.message
+        assert await _state(train) == before  # bit for bit: params, moments, velocity
+        assert train.step_count == 1
+        again = await train.step(**data(2))
+        assert again.kind == "completed" and again.loss == want[1].loss
+        assert await _state(train) == want_state
+        train.destroy()
+
+    run(go())
+
+
+def test_a_finite_loss_with_an_infinite_gradient_is_skipped(gpu_device) -> None:
+    def loss(m: TinyMLP, x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        # sin(sin(1e38 a) 1e38) is bounded, its gradient ~1e76 overflows to inf (an overflow,
+        # which no shader compiler folds away, unlike inf - inf or inf * 0)
+        a = m(x)
+        return tg.mean(tg.sin(tg.sin(a * 1e38) * 1e38)) + tg.mean(tg.square(a - y))
+
+    async def go() -> None:
+        train = await compile_tiny(gpu_device, loss=loss)
+        before = await _state(train)
+        r = await train.step(**data())
+        assert r.kind == "failed", r
+        assert "the loss is finite" in r.message and "but a gradient is not at step 1" in \
+            r.message and "params and optimizer state are unchanged" in r.message, r.message
+        assert await _state(train) == before and train.step_count == 0
+        train.destroy()
+
+    run(go())
+
+
 # ---- outputs without numpy -------------------------------------------------------------------
 
 def test_outputs_are_numpy_arrays(gpu_device) -> None:
