@@ -34,9 +34,9 @@ _default_device: GPUDevice | None = None
 
 
 async def default_device() -> GPUDevice:
-    """The process-wide default device (created on first use)."""
+    """The process-wide default device (created on first use, and again after a loss)."""
     global _default_device
-    if _default_device is None:
+    if _default_device is None or _default_device.lost:
         _default_device = await request_device()
     return _default_device
 

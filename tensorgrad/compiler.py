@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from .autograd import append_grad
 from .codegen.kernel import Kernel, Target, emit_graph
-from .errors import ShapeError
+from .errors import ShapeError, TraceError
 from .gpu.interface import DeviceLimits, GPUDevice
 from .init import ParamSpec
 from .ir import Graph
@@ -162,6 +162,11 @@ def _optimizer(c: Compilation, o: Options) -> None:
     if c.request.optimizer is None:
         raise ValueError("compile: a training graph needs an optimizer (tg.optim.Adam(...), "
                          "AdamW or SGD)")
+    if not c.grads:
+        raise TraceError(f"compile: the model has no f32 params, so there is nothing to train "
+                         f"(its params: {list(c.params) or 'none'}); declare params with "
+                         "self.param(...) or layers such as tg.Linear, or run a function "
+                         "without params with tg.compile_forward")
     c.optimizer = append_optimizer(c.graph, c.grads, c.request.optimizer,
                                    {n: s.decay for n, s in c.params.items()}, limits=o.limits,
                                    loss=c.output)

@@ -42,6 +42,11 @@ def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str) -> memoryv
             if not ok:
                 raise ShapeError(what, f"expected {dtype} data, got a numpy array of "
                                  f"{value.dtype}")
+            if dtype == "i32" and kind in "iu" and value.size:
+                lo, hi = int(value.min()), int(value.max())
+                if lo < -2**31 or hi >= 2**31:
+                    raise ShapeError(what, f"a {value.dtype} array with values {lo}..{hi} "
+                                     "does not fit i32 (-2147483648..2147483647)")
             value = value.astype(np_name)
         if value.size != count:
             raise ShapeError(what, f"expected {count} elements (shape {list(shape)}), got "

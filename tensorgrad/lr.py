@@ -33,6 +33,14 @@ def _check_number(what: str, value: Any) -> float:
     return float(value)
 
 
+def _check_rate(what: str, value: Any) -> float:
+    """A learning rate: a finite number >= 0."""
+    rate = _check_number(what, value)
+    if rate < 0:
+        raise ValueError(f"{what} must be >= 0 (a learning rate), got {value!r}")
+    return rate
+
+
 def _check_steps(what: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{what} must be a positive int, got {value!r}")
@@ -54,7 +62,7 @@ class Constant:
     kind = "constant"
 
     def __post_init__(self) -> None:
-        _check_number("lr.constant: value", self.value)
+        _check_rate("lr.constant: value", self.value)
         _check_start(self.kind, self.start_step)
 
     def at(self, s: int) -> float:
@@ -72,8 +80,8 @@ class Linear:
     kind = "linear"
 
     def __post_init__(self) -> None:
-        _check_number("lr.linear: peak", self.peak)
-        _check_number("lr.linear: final", self.final)
+        _check_rate("lr.linear: peak", self.peak)
+        _check_rate("lr.linear: final", self.final)
         _check_steps("lr.linear: steps", self.steps)
         _check_start(self.kind, self.start_step)
 
@@ -93,8 +101,8 @@ class CosineAnnealing:
     kind = "cosine_annealing"
 
     def __post_init__(self) -> None:
-        _check_number("lr.cosine_annealing: peak", self.peak)
-        _check_number("lr.cosine_annealing: final", self.final)
+        _check_rate("lr.cosine_annealing: peak", self.peak)
+        _check_rate("lr.cosine_annealing: final", self.final)
         _check_steps("lr.cosine_annealing: steps", self.steps)
         _check_start(self.kind, self.start_step)
 
@@ -114,7 +122,7 @@ class Warmup:
     kind = "warmup"
 
     def __post_init__(self) -> None:
-        _check_number("lr.warmup: peak", self.peak)
+        _check_rate("lr.warmup: peak", self.peak)
         _check_steps("lr.warmup: steps", self.steps)
         _check_lr("lr.warmup: after", self.after)
         _check_start(self.kind, self.start_step)
@@ -136,7 +144,7 @@ class Staircase:
     kind = "staircase"
 
     def __post_init__(self) -> None:
-        _check_number("lr.staircase: peak", self.peak)
+        _check_rate("lr.staircase: peak", self.peak)
         _check_steps("lr.staircase: every", self.every)
         _check_number("lr.staircase: gamma", self.gamma)
         _check_start(self.kind, self.start_step)
@@ -156,7 +164,7 @@ class MultiStep:
     kind = "multi_step"
 
     def __post_init__(self) -> None:
-        _check_number("lr.multi_step: peak", self.peak)
+        _check_rate("lr.multi_step: peak", self.peak)
         object.__setattr__(self, "milestones", tuple(self.milestones))
         for m in self.milestones:
             _check_steps("lr.multi_step: each milestone", m)
@@ -179,7 +187,7 @@ SCHEDULES: dict[str, type] = {c.kind: c for c in  # type: ignore[attr-defined]
 def _check_lr(what: str, value: Any) -> None:
     if isinstance(value, tuple(SCHEDULES.values())):
         return
-    _check_number(what, value)
+    _check_rate(what, value)
 
 
 def constant(value: float, *, start_step: int | None = None) -> Constant:

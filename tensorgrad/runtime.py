@@ -20,6 +20,7 @@ from .gpu.interface import Copy, Dispatch, GPUDevice
 from .hostdata import from_bytes, to_bytes
 from .init import ParamSpec, init_params
 from .ir import Graph
+from .ops.index import input_index_bounds
 
 
 class ParamStore:
@@ -136,9 +137,11 @@ class Executable:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     destroyed: bool = False
     inputs: dict[str, Any] = field(default_factory=dict)  # input name -> node, cached
+    index_bounds: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.inputs = self.graph.inputs
+        self.index_bounds = input_index_bounds(self.graph)
 
     @property
     def kernel_count(self) -> int:
@@ -163,8 +166,10 @@ class Executable:
             if name not in feeds:
                 raise ShapeError("step", f"missing input '{name}' ({node.dtype}"
                                  f"{list(node.shape)})")
-            writes.append((self.buffer_of(node.id),
-                           to_bytes(f"input '{name}'", feeds[name], node.shape, node.dtype)))
+            data = to_bytes(f"input '{name}'", feeds[name], node.shape, node.dtype)
+            if name in self.index_bounds:
+                _check_index_range(name, data, *self.index_bounds[name])
+            writes.append((self.buffer_of(node.id), data))
         extra = set(feeds) - set(inputs)
         if extra:
             raise ShapeError("step", f"unknown input(s) {sorted(extra)}; the graph takes "
@@ -205,6 +210,17 @@ class Executable:
         for buf, own in zip(self.buffers, self.owned):
             if own:
                 self.device.destroy_buffer(buf)
+
+
+def _check_index_range(name: str, data: memoryview, bound: int, what: str) -> None:
+    """ShapeError naming the first value of i32 `data` outside 0..bound - 1."""
+    values = data.cast("i")
+    if not values or (0 <= min(values) and max(values) < bound):
+        return
+    k, v = next((k, v) for k, v in enumerate(values) if not 0 <= v < bound)
+    raise ShapeError(f"input '{name}'", f"holds {v} at flat index {k}, outside 0..{bound - 1} "
+                     f"as {what} needs (an index outside it would give an all-zero one-hot "
+                     "row and be silently ignored)", site="")
 
 
 def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[Kernel],

@@ -147,6 +147,15 @@ class Tensor:
         raise TypeError("a traced Tensor has no value yet, so it cannot be used as a bool "
                         "(use tg.where for data-dependent choices)")
 
+    def __getitem__(self, index: Any) -> Tensor:
+        raise TypeError(f"a traced Tensor cannot be indexed with [] (got [{index!r}] on shape "
+                        f"{list(self.shape)}): use tg.narrow for a slice, tg.take_along_axis "
+                        "to gather, tg.reshape or tg.split_heads to reshape")
+
+    def __iter__(self) -> Any:
+        raise TypeError(f"a traced Tensor of shape {list(self.shape)} cannot be iterated: "
+                        "use tg.split or tg.narrow")
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")

@@ -61,6 +61,7 @@ export class Session {
     this.dead = null;          // an Error once the worker is gone
     this.timings = null;       // from the "ready" progress message
     this.protocol = null;      // {kind: {required, optional}}, from the "ready" message
+    this.watched = null;       // the lock request that notices the worker's death
   }
 
   /** A ProtocolError for a request the worker's table does not allow, else null. */
@@ -244,6 +245,8 @@ export class Train extends Forward {
  *  onProgress({stage, ms, ...}): stage is loading-pyodide, installing, ready (with timings). */
 export function start({ onProgress, workerUrl = DEFAULT_WORKER, wheelUrl, indexURL } = {}) {
   const url = new URL(workerUrl, self.location.href);
+  const lock = `tensorgrad-worker-${crypto.randomUUID?.() ?? Math.random()}`;
+  if (url.protocol !== "blob:" && url.protocol !== "data:") url.searchParams.set("lock", lock);
   if (wheelUrl) url.searchParams.append("wheel", new URL(wheelUrl, self.location.href).href);
   if (indexURL) url.searchParams.set("indexURL", new URL(indexURL, self.location.href).href);
   const worker = new Worker(url, { type: "module" });
@@ -252,6 +255,16 @@ export function start({ onProgress, workerUrl = DEFAULT_WORKER, wheelUrl, indexU
     worker.onmessage = (event) => {
       const msg = event.data;
       if (msg?.kind === "progress") {
+        if (msg.lifeLock && !session.watched) {
+          // Granted once the worker holds it no more: it was closed or it crashed.
+          session.watched = navigator.locks.request(lock, () => {
+            const err = Object.assign(new Error("tensorgrad's worker stopped (it was closed or " +
+              "crashed); pending calls failed: call start() again for a new one"),
+            { name: "WorkerDied" });
+            session._fail(err);
+            reject(err);  // when it dies while starting
+          });
+        }
         onProgress?.(msg);
         if (msg.stage === "ready") {
           session.timings = msg.timings;

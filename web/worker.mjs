@@ -16,7 +16,17 @@ const T0 = performance.now();
 const elapsed = () => Math.round(performance.now() - T0);
 const here = new URL(".", self.location.href);
 
-let handle = null;      // Python: tensorgrad.worker.handle (async), once ready
+// The page learns that this worker died (closed, crashed) when it is granted this lock, which
+// the worker holds for its whole life (the browser releases it when the worker goes).
+const LIFE_LOCK = new URL(self.location.href).searchParams.get("lock");
+const holdingLock = LIFE_LOCK && self.navigator?.locks
+  ? new Promise((held) => self.navigator.locks.request(LIFE_LOCK, () => {
+    held(true);
+    return new Promise(() => {});  // never released while the worker lives
+  }))
+  : Promise.resolve(false);
+
+let handle = null;      // Python: tensorgrad.web.worker.handle (async), once ready
 let startError = null;  // set when start-up failed: every request is answered with it
 const queued = [];      // requests that arrived before Python was ready
 
@@ -95,9 +105,14 @@ async function start() {
   if (!wheels.length) throw new Error("no tensorgrad wheel: pass ?wheel=URL or serve manifest.json");
   const wheelURLs = wheels.map((w) => new URL(w, here).href);
 
-  progress("loading-pyodide", { indexURL });
-  const { loadPyodide } = await import(new URL("pyodide.mjs", indexURL).href);
-  pyodide = await loadPyodide({ indexURL });
+  const lifeLock = await holdingLock;
+  progress("loading-pyodide", { indexURL, lifeLock });
+  const failed = (what) => (err) => {
+    throw new Error(`${what} failed: ${err?.message ?? err}`);
+  };
+  const { loadPyodide } = await import(new URL("pyodide.mjs", indexURL).href)
+    .catch(failed(`loading Pyodide from ${indexURL}`));
+  pyodide = await loadPyodide({ indexURL }).catch(failed(`starting Pyodide from ${indexURL}`));
   const pyodideMs = elapsed();
 
   progress("installing", { wheels: wheelURLs, pyodideMs });
@@ -105,7 +120,7 @@ async function start() {
   await pyodide.loadPackage("micropip", { messageCallback: quiet });
   const micropipMs = elapsed() - pyodideMs;
   const micropip = pyodide.pyimport("micropip");
-  await micropip.install(wheelURLs);
+  await micropip.install(wheelURLs).catch(failed(`installing ${wheelURLs.join(", ")}`));
   micropip.destroy();
   const wheelMs = elapsed() - pyodideMs - micropipMs;
 

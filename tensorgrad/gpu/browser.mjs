@@ -37,6 +37,18 @@ export async function requestDevice(limitNames, wantedFeatures) {
            description: info.description ?? "", software, features: [...device.features] };
 }
 
+// The error of every call on a lost device, named so that Python maps it to DeviceLostError.
+function lostError(state) {
+  return Object.assign(new Error(`the GPU device was lost (${state.lost}); its graphs cannot ` +
+    "run any more: compile again (a new device is requested) or start a new session"),
+  { name: "DeviceLostError" });
+}
+
+// Why the device was lost ("reason: message"), or undefined (Python's None) while it works.
+export function lostReason(state) {
+  return state.lost ?? undefined;
+}
+
 export function createBuffer(state, size, label) {
   return state.device.createBuffer({ size: align4(size), usage: USAGE(), label });
 }
@@ -146,7 +158,7 @@ function checkErrors(errors, what) {
 
 // args: [writeBuffers, writeSizes, blob (Uint8Array), readBuffers-and-sizes (flat)]
 export async function execute(state, program, args) {
-  if (state.lost) throw new Error(`the GPU device was lost (${state.lost})`);
+  if (state.lost) throw lostError(state);
   if (!program.checked) {
     checkErrors([await program.error], "create_program");
     program.checked = true;
@@ -181,7 +193,7 @@ export async function execute(state, program, args) {
 }
 
 export async function readBuffers(state, reads) {
-  if (state.lost) throw new Error(`the GPU device was lost (${state.lost})`);
+  if (state.lost) throw lostError(state);
   const device = state.device;
   device.pushErrorScope("validation");
   const encoder = device.createCommandEncoder();

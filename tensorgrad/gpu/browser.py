@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ..errors import ShaderCompileError
+from ..errors import DeviceLostError, ShaderCompileError
 from .interface import (
     WANTED_FEATURES,
     AdapterInfo,
@@ -41,7 +41,7 @@ _LIMITS = {
 
 
 _JS_FUNCTIONS = ("createBuffer", "writeBuffer", "createKernel", "createProgram", "execute",
-                 "readBuffers", "destroy")
+                 "readBuffers", "destroy", "lostReason")
 _helper: Any = None
 
 
@@ -101,8 +101,22 @@ class BrowserDevice:
         return to_js(value, create_pyproxies=False)
 
     async def _await(self, promise: Any) -> Any:
+        """Await a JS promise; the helper's DeviceLostError becomes tensorgrad's."""
+        from pyodide.ffi import JsException
+
         self.ffi_calls += 1
-        return await promise
+        try:
+            return await promise
+        except JsException as exc:
+            if str(getattr(exc, "name", "")) != "DeviceLostError":
+                raise
+            raise DeviceLostError(str(exc.message)) from None
+
+    @property
+    def lost(self) -> str | None:
+        """Why the device was lost ("reason: message"), or None while it works."""
+        reason = self._call("lostReason")
+        return None if reason is None else str(reason)
 
     # -- GPUDevice ---------------------------------------------------------------------------
     def create_buffer(self, size: int, label: str = "") -> BufferHandle:

@@ -89,6 +89,11 @@ class GPUDevice(Protocol):
     info: AdapterInfo
     description: str  # adapter vendor / architecture, for logs and benchmarks
 
+    @property
+    def lost(self) -> str | None:
+        """Why the device was lost or destroyed, or None while it works."""
+        ...
+
     def create_buffer(self, size: int, label: str = "") -> BufferHandle:
         """A zero-initialised storage buffer of `size` bytes (a multiple of 4)."""
         ...

@@ -210,6 +210,11 @@ class NativeDevice:
     def __repr__(self) -> str:
         return f"<NativeDevice {self.description}>"
 
+    @property
+    def lost(self) -> str | None:
+        """"destroyed" once :meth:`destroy` ran, else None (wgpu-py reports no other loss)."""
+        return "destroyed" if self._destroyed else None
+
     # -- buffers
 
     def create_buffer(self, size: int, label: str = "") -> Any:

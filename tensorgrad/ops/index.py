@@ -13,7 +13,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import DTYPES, Node, Shape
+from ..ir import DTYPES, Graph, Node, Shape
 from ..tensor import Tensor
 from .elementwise import mul
 from .registry import NO_GRAD, PUBLIC, define, public, record
@@ -73,9 +73,36 @@ define("one_hot", infer=_infer_one_hot, ref=_ref_one_hot, vjp=NO_GRAD, emit=_emi
        doc="[...] i32 -> [..., depth]: 1 at the index, 0 elsewhere (no 1 when out of range).")
 
 
+# Ops that move index values without changing them: a one_hot index read through them still
+# comes straight from an input.
+_INDEX_PRESERVING = ("reshape", "permute", "slice_range", "broadcast_to", "stop_gradient")
+
+
+def input_index_bounds(graph: Graph) -> dict[str, tuple[int, str]]:
+    """{i32 input name: (bound, what)} for the inputs whose values index a one_hot (embedding,
+    cross_entropy and nll_loss targets, take_along_axis) directly: every value must lie in
+    0..bound - 1, or its one-hot row would be silently all zero."""
+    bounds: dict[str, tuple[int, str]] = {}
+    for node in graph.nodes:
+        if node.op != "one_hot":
+            continue
+        src = graph[node.inputs[0]]
+        while src.op in _INDEX_PRESERVING:
+            src = graph[src.inputs[0]]
+        if src.op == "input" and src.dtype == "i32":
+            name, depth = src.attrs["name"], int(node.attrs["depth"])
+            site = node.site.splitlines()[0] if node.site else ""
+            what = f"one_hot(depth={depth})" + (f" at {site}" if site else "")
+            if name not in bounds or depth < bounds[name][0]:
+                bounds[name] = (depth, what)
+    return bounds
+
+
 @public
 def one_hot(idx: Tensor, depth: int, dtype: str = "f32") -> Tensor:
-    """[...] i32 indices -> [..., depth] of `dtype`; out-of-range indices give a zero row."""
+    """[...] i32 indices -> [..., depth] of `dtype`; an out-of-range index gives a zero row.
+    Indices that come straight from an input are checked when a step or run is called: one
+    outside 0..depth - 1 fails it, naming the input and the value."""
     return record("one_hot", [idx], depth=depth, dtype=dtype)
 
 
@@ -107,7 +134,8 @@ def arange(n: int, dtype: str = "i32") -> Tensor:
 
 @public
 def embedding(table: Tensor, idx: Tensor) -> Tensor:
-    """Rows of table [V, D] picked by i32 idx [...] -> [..., D] (out of range: zeros).
+    """Rows of table [V, D] picked by i32 idx [...] -> [..., D] (ids from an input must be in
+    0..V - 1: checked at each step or run; computed ids out of range give zeros).
     Computed as one_hot(idx, V) @ table, so the table gradient needs no scatter."""
     if table.ndim != 2:
         raise ShapeError("embedding", f"table must have rank 2 [V, D], got shape "
@@ -124,7 +152,8 @@ def embedding(table: Tensor, idx: Tensor) -> Tensor:
 def take_along_axis(x: Tensor, idx: Tensor, axis: int) -> Tensor:
     """out[..., k, ...] = x[..., idx[..., k, ...], ...] along `axis`: f32 x and i32 idx of
     the same rank, shapes equal except on `axis`; the output has idx's shape
-    (out-of-range indices give 0)."""
+    (indices from an input are checked at each step or run; computed ones out of range give
+    0)."""
     from .reduce import sum as reduce_sum
 
     require_dtype("take_along_axis", x.node, "f32", what="input")

@@ -1,0 +1,290 @@
+"""The catalogue of bad inputs, native layer: what a running training or forward does with
+bad data, bad calls and bad timing, on the real device. Every row names what the user did
+and what they get: a Failed result (step/run never raise) or an exception, with its message.
+Nothing a user passed in is silently changed or lost, and nothing hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tensorgrad as tg
+from tensorgrad.errors import DeviceLimitError, ShapeError
+from tests.models import TinyMLP
+from tests.native.api_helpers import B, compile_tiny, data, predict, run
+
+
+class Tokens(tg.Module):
+    """Embedding(5, 4) → Linear(4, 3) → cross entropy against i32 targets; a gather of the
+    logits by `pick` (take_along_axis) as a second loss term."""
+
+    def __init__(self) -> None:
+        self.emb = tg.Embedding(5, 4)
+        self.out = tg.Linear(4, 3)
+
+
+def token_loss(m: Tokens, ids: tg.Tensor, target: tg.Tensor, pick: tg.Tensor) -> tg.Tensor:
+    logits = m.out(m.emb(ids))                                     # [4, 3]
+    picked = tg.take_along_axis(logits, tg.reshape(pick, (4, 1)), axis=-1)
+    return tg.cross_entropy(logits, target) + tg.mean(picked)
+
+
+TOKEN_INPUTS = {"ids": ((4,), "i32"), "target": ((4,), "i32"), "pick": ((4,), "i32")}
+
+
+def tokens(ids=(0, 1, 2, 4), target=(0, 1, 2, 1), pick=(0, 2, 1, 0)) -> dict[str, Any]:
+    return {"ids": np.array(ids, np.int32), "target": np.array(target, np.int32),
+            "pick": np.array(pick, np.int32)}
+
+
+def with_(**changes: Any) -> dict[str, Any]:
+    d = data()
+    d.update(changes)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Bad:
+    what: str
+    act: Callable[[tg.Training], Awaitable[Any]]   # the user's call on a fresh training
+    error: type[BaseException]
+    message: str                                   # a regex searched in the message
+    raises: bool = False                           # raised (else: step/run returned Failed)
+    model: str = "mlp"
+
+
+def step(**inputs: Any) -> Callable[[tg.Training], Awaitable[Any]]:
+    return lambda t: t.step(**inputs)
+
+
+def run_forward(**inputs: Any) -> Callable[[tg.Training], Awaitable[Any]]:
+    async def act(t: tg.Training) -> Any:
+        forward = await t.attach(forward=predict, inputs={"x": (None, 2)})
+        return await forward.run(**inputs)
+    return act
+
+
+def upload(params: Callable[[dict[str, Any]], dict[str, Any]], partial: bool = False
+           ) -> Callable[[tg.Training], Awaitable[Any]]:
+    async def act(t: tg.Training) -> Any:
+        return await t.upload_params(params(await t.download_params()), partial=partial)
+    return act
+
+
+def after_destroy(call: Callable[[tg.Training], Any]) -> Callable[[tg.Training], Awaitable[Any]]:
+    async def act(t: tg.Training) -> Any:
+        t.destroy()
+        return await call(t)
+    return act
+
+
+def attach_unknown_param(t: tg.Training) -> Awaitable[Any]:
+    async def act() -> Any:
+        forward = await t.attach(forward=lambda m, x: x @ m.extra.W, inputs={"x": (None, 2)})
+        return await forward.run(x=np.zeros((1, 2), np.float32))
+    return act()
+
+
+X, Y = data()["x"], data()["y"]
+NAN_X = X.copy()
+NAN_X[1, 0] = np.nan
+INF_Y = Y.copy()
+INF_Y[3, 0] = -np.inf
+
+CATALOGUE = [
+    Bad("an input of a name not declared", step(x=X, z=Y), ShapeError,
+        r"^step: inputs missing \['y'\] \(declared as y: \(4, 1\)\), unexpected \['z'\]; "
+        r"declared inputs are \['x', 'y'\]"),
+    Bad("a missing input", step(x=X), ShapeError, r"^step: inputs missing \['y'\]"),
+    Bad("an extra input", step(x=X, y=Y, w=Y), ShapeError, r"^step: inputs unexpected \['w'\]"),
+    Bad("an input of the wrong size", step(x=X[:3], y=Y), ShapeError,
+        r"^input 'x': expected 8 elements \(shape \[4, 2\]\), got 6 \(shape \[3, 2\]\)"),
+    Bad("an empty array", step(x=np.zeros(0, np.float32), y=Y), ShapeError,
+        r"^input 'x': expected 8 elements \(shape \[4, 2\]\), got 0 \(shape \[0\]\)"),
+    Bad("a list of the wrong length", step(x=[1.0, 2.0], y=Y), ShapeError,
+        r"^input 'x': expected 8 elements = 32 bytes \(shape \[4, 2\]\), got 8 bytes"),
+    Bad("a string as data", step(x="0.5", y=Y), ShapeError,
+        r"^input 'x': expected a numpy array or a buffer of f32, got str"),
+    Bad("a dict as data", step(x={"a": 1}, y=Y), ShapeError,
+        r"^input 'x': expected a numpy array or a buffer of f32, got dict"),
+    Bad("int data for an f32 input", step(x=np.ones((4, 2), np.int32), y=Y), ShapeError,
+        r"^input 'x': expected f32 data, got a numpy array of int32"),
+    Bad("an i32 buffer for an f32 input", step(x=memoryview(np.ones(8, np.int32)), y=Y),
+        ShapeError, r"^input 'x': expected f32 data \(format 'f'\), got a buffer of format 'i'"),
+    Bad("a NaN in the data", step(x=NAN_X, y=Y), FloatingPointError,
+        r"at step 1: the update was skipped, params and optimizer state are unchanged; "
+        r"input 'x' holds nan at flat index 2"),
+    Bad("an Inf in the data", step(x=X, y=INF_Y), FloatingPointError,
+        r"^loss is inf at step 1: the update was skipped, params and optimizer state are "
+        r"unchanged; input 'y' holds -inf at flat index 3"),
+    Bad("float data for an i32 input", lambda t: t.step(**{**tokens(), "ids": np.zeros(4)}),
+        ShapeError, r"^input 'ids': expected i32 data, got a numpy array of float64",
+        model="tokens"),
+    Bad("a float list for an i32 input", lambda t: t.step(**{**tokens(), "ids": [0.5] * 4}),
+        ShapeError, r"^input 'ids': expected 4 i32 numbers", model="tokens"),
+    Bad("int64 ids that do not fit i32",
+        lambda t: t.step(**{**tokens(), "ids": np.array([0, 1, 2, 2**40])}), ShapeError,
+        r"^input 'ids': a int64 array with values 0\.\.1099511627776 does not fit i32",
+        model="tokens"),
+    Bad("an embedding id past the vocabulary", step(**tokens(ids=(0, 1, 5, 2))), ShapeError,
+        r"^input 'ids': holds 5 at flat index 2, outside 0\.\.4 as one_hot\(depth=5\) at .* "
+        r"needs", model="tokens"),
+    Bad("a negative embedding id", step(**tokens(ids=(-1, 1, 2, 2))), ShapeError,
+        r"^input 'ids': holds -1 at flat index 0, outside 0\.\.4", model="tokens"),
+    Bad("a cross-entropy target out of range", step(**tokens(target=(0, 3, 1, 1))), ShapeError,
+        r"^input 'target': holds 3 at flat index 1, outside 0\.\.2", model="tokens"),
+    Bad("a take_along_axis index out of range", step(**tokens(pick=(0, 0, 0, 7))), ShapeError,
+        r"^input 'pick': holds 7 at flat index 3, outside 0\.\.2", model="tokens"),
+    Bad("a forward input of a size no None dim resolves", run_forward(x=np.zeros(5, np.float32)),
+        ShapeError, r"^inputs: input 'x' has 5 elements, which is not a positive multiple of 2"),
+    Bad("a forward run without its input", run_forward(), ShapeError,
+        r"^run: inputs missing \['x'\]"),
+    Bad("a forward that uses a param the model lacks", attach_unknown_param, AttributeError,
+        r"'TinyMLP' object has no attribute 'extra'"),
+    Bad("uploading an unknown param", upload(lambda p: {**p, "l3.W": p["l1.W"]}), KeyError,
+        r"upload_params: unknown param\(s\) \['l3\.W'\]; the model has \['l1\.W', 'l1\.b', "
+        r"'l2\.W', 'l2\.b'\]", raises=True),
+    Bad("uploading some params without partial=True",
+        upload(lambda p: {"l1.W": p["l1.W"]}), KeyError,
+        r"upload_params: missing param\(s\) \['l1\.b', 'l2\.W', 'l2\.b'\] \(pass partial=True",
+        raises=True),
+    Bad("uploading a param of the wrong shape",
+        upload(lambda p: {"l1.W": np.zeros((3, 8), np.float32)}, partial=True), ShapeError,
+        r"^upload_params 'l1\.W': expected 16 elements \(shape \[2, 8\]\), got 24",
+        raises=True),
+    Bad("uploading int data as a param",
+        upload(lambda p: {"l1.b": np.zeros(8, np.int64)}, partial=True), ShapeError,
+        r"^upload_params 'l1\.b': expected f32 data, got a numpy array of int64", raises=True),
+    Bad("a negative learning rate", lambda t: t.set_lr(-0.5), ValueError,
+        r"^lr must be >= 0 \(a learning rate\), got -0\.5", raises=True),
+    Bad("a NaN learning rate", lambda t: t.set_lr(float("nan")), ValueError,
+        r"^lr must be finite, got nan", raises=True),
+    Bad("a learning rate that is not a number", lambda t: t.set_lr("fast"), TypeError,
+        r"^lr must be a number, got 'fast'", raises=True),
+    Bad("uploading after destroy", after_destroy(upload(lambda p: p)), RuntimeError,
+        r"^this training handle was destroyed", raises=True),
+    Bad("downloading after destroy", after_destroy(lambda t: t.download_params()),
+        RuntimeError, r"^this training handle was destroyed", raises=True),
+    Bad("set_lr after destroy", after_destroy(lambda t: t.set_lr(0.1)), RuntimeError,
+        r"^this training handle was destroyed", raises=True),
+    Bad("replace_model after destroy", after_destroy(lambda t: t.replace_model(TinyMLP())),
+        RuntimeError, r"^this training handle was destroyed", raises=True),
+]
+
+
+async def _fresh(device: Any, model: str) -> tg.Training:
+    if model == "tokens":
+        return await tg.compile(model=Tokens(), loss=token_loss, inputs=TOKEN_INPUTS,
+                                optimizer=tg.optim.Adam(lr=1e-2), seed=0, device=device)
+    return await compile_tiny(device)
+
+
+@pytest.mark.parametrize("bad", CATALOGUE, ids=[b.what for b in CATALOGUE])
+def test_bad_input_is_a_clear_error(gpu_device, bad: Bad) -> None:
+    async def go() -> None:
+        train = await _fresh(gpu_device, bad.model)
+        before = await train.download_params()
+        if bad.raises:
+            with pytest.raises(bad.error, match=bad.message):
+                await bad.act(train)
+        else:
+            result = await bad.act(train)
+            assert isinstance(result, tg.Failed), result
+            assert isinstance(result.error, bad.error), repr(result.error)
+            assert result.kind == "failed"
+            assert re.search(bad.message, result.message), result.message
+        if not train._destroyed:
+            # nothing changed, and the training goes on
+            after = await train.download_params()
+            assert all(np.array_equal(after[n], before[n]) for n in before)
+            assert train.step_count == 0
+            good = tokens() if bad.model == "tokens" else data()
+            assert (await train.step(**good)).kind == "completed"
+            train.destroy()
+
+    run(go())
+
+
+def test_the_catalogue_is_long_enough() -> None:
+    assert len(CATALOGUE) >= 30
+
+
+# ---- the data as the user passed it ----------------------------------------------------------
+
+def test_strided_and_float64_inputs_give_exactly_the_contiguous_f32_result(gpu_device) -> None:
+    async def go() -> None:
+        d = data()
+        wide = np.zeros((4, 6), np.float32)
+        wide[:, ::3] = d["x"]                            # a strided view, not contiguous
+        view = wide[:, ::3]
+        assert not view.flags.c_contiguous
+        results = []
+        for x in (d["x"], view, d["x"].astype(np.float64)):
+            train = await compile_tiny(gpu_device)
+            results.append((await train.step(x=x, y=d["y"])).loss)
+            train.destroy()
+        assert results[0] == results[1] == results[2], results
+
+    run(go())
+
+
+# ---- timing: calls that overlap ----------------------------------------------------------------
+
+def test_concurrent_steps_run_one_after_another(gpu_device) -> None:
+    async def go() -> None:
+        batches = [data(s) for s in range(6)]
+        train = await compile_tiny(gpu_device)
+        together = await asyncio.gather(*(train.step(**b) for b in batches))
+        train.destroy()
+        train = await compile_tiny(gpu_device)
+        one_by_one = [await train.step(**b) for b in batches]
+        train.destroy()
+        assert [r.loss for r in together] == [r.loss for r in one_by_one]
+
+    run(go())
+
+
+def test_replace_model_during_a_step_aborts_it_and_nothing_hangs(gpu_device) -> None:
+    async def go() -> None:
+        train = await compile_tiny(gpu_device)
+        pending = [train.step(**data(s)) for s in range(3)]
+        await asyncio.wait_for(train.replace_model(TinyMLP(hidden=5), seed=1), 30)
+        results = await asyncio.wait_for(asyncio.gather(*pending), 30)
+        assert all(r.kind == "aborted" for r in results), results
+        assert train.param_shapes["l1.W"] == (2, 5)
+        assert (await train.step(**data())).kind == "completed"
+        train.destroy()
+
+    run(go())
+
+
+def test_steps_after_destroy_are_aborted_never_hang(gpu_device) -> None:
+    async def go() -> None:
+        train = await compile_tiny(gpu_device)
+        pending = train.step(**data())
+        train.destroy()
+        assert (await asyncio.wait_for(pending, 30)).kind in ("aborted", "completed")
+        assert await asyncio.wait_for(train.step(**data()), 30) == tg.Aborted()
+
+    run(go())
+
+
+def test_a_tensor_over_the_device_limit_fails_at_compile(gpu_device) -> None:
+    big = gpu_device.limits.max_storage_buffer_binding_size // 4 + 1
+
+    def loss(m: TinyMLP, x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        return tg.mean(m(x)) + tg.mean(y)
+
+    async def go() -> None:
+        with pytest.raises(DeviceLimitError, match=r"input 'y' f32\[\d+\] needs [\d,]+ bytes, "
+                           r"more than the device's max_storage_buffer_binding_size"):
+            await tg.compile(model=TinyMLP(), loss=loss, inputs={"x": (B, 2), "y": (big,)},
+                             optimizer=tg.optim.Adam(lr=0.1), device=gpu_device)
+
+    run(go())
