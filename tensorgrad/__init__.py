@@ -5,7 +5,7 @@ Write a model against the op set (`tg.matmul`, `tg.relu`, ... and layers such as
 and `await train.step(**data)`. See the README for a complete example.
 """
 
-from . import init, lr, ops, optim
+from . import export, init, lr, ops, optim
 from .api import Forward, Training, compile, compile_forward, default_device
 from .errors import ShapeError, TraceError
 from .gpu import ShaderCompileError
@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
     "Aborted", "Captures", "Completed", "Conv2d", "Embedding", "Failed", "Forward",
     "LayerNorm", "Linear", "Module", "RMSNorm", "Result", "ShaderCompileError", "ShapeError",
-    "Tensor", "TraceError", "Training", "compile", "compile_forward", "default_device", "init",
+    "Tensor", "TraceError", "Training", "compile", "compile_forward", "default_device", "export", "init",
     "load_safetensors", "lr", "ops", "optim", "save_safetensors", "trace", "trace_forward",
     *sorted(_PUBLIC),
 ]
