@@ -1830,7 +1830,8 @@ class _Writer:
         for k, x in c.items:
             if isinstance(x, _Param):
                 spec = self.specs[x.name]
-                entries.append(f"{k!r}: {self._param_ctor(spec, [slot_text(d) for d in spec.shape])}")
+                dims = [slot_text(d) for d in spec.shape]
+                entries.append(f"{k!r}: {self._param_ctor(spec, dims)}")
                 inits.append(self._init_line(f"self.{path}[{k!r}]", spec, None))
             else:
                 entries.append(f"{k!r}: {self._child_ctor(x, slot_text, inits, f'{path}[{k!r}]')}")

@@ -48,7 +48,8 @@ def test_export_a_trained_handle_matches_its_gpu_forward(gpu_device: Any, tmp_pa
     assert not np.array_equal(np.asarray(init["l1.W"]), np.asarray(params["l1.W"]).reshape(-1))
     got = model(torch.from_numpy(xs)).detach().numpy()
     err = float(np.max(np.abs(got - gpu_out)))
-    print(f"\nexported trained MLP vs the GPU forward ({gpu_device.description}): max abs {err:.2e}")
+    print(f"\nexported trained MLP vs the GPU forward ({gpu_device.description}): "
+          f"max abs {err:.2e}")
     assert err < 1e-5, err
     assert ex_fwd.source == ex.source.replace('"trained', '"from_forward').replace(
         "from trained import", "from from_forward import")
