@@ -1,12 +1,11 @@
-"""The public, async training and inference API: `compile`, `compile_forward`, handles.
+"""The public, async training and inference API: `compile`, `compile_forward`, and the handles.
 
     train = await tg.compile(model=MLP(), loss=loss_fn, inputs={"x": [256, 1], "y": [256, 1]},
                              optimizer=tg.optim.Adam(lr=5e-3))
     result = await train.step(x=x, y=y)          # Completed | Aborted | Failed, never raises
 
-Pipeline per graph: trace -> autograd -> DCE -> optimizer -> buffer plan -> WGSL -> runtime.
-Params live in a :class:`ParamStore` (one GPU buffer per param) that the training graph and
-every attached forward graph bind, so they share weights without copies.
+The handles hold what a compiled graph needs between calls (its executable, the params, the
+optimizer's step counter and LR); every graph is made by :func:`tensorgrad.compiler.compile_graph`.
 """
 
 from __future__ import annotations
@@ -16,24 +15,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from .codegen.kernel import emit_graph
-from .errors import ShapeError
+from .compiler import Options, Request, compile_graph
+from .errors import AbortError, ShapeError
+from .flight import CallQueue
 from .gpu import GPUDevice, request_device
-from .hostdata import from_bytes, to_bytes
-from .init import init_params, random_seed
+from .hostdata import to_bytes
+from .init import random_seed
 from .ir import Graph
-from .module import Module, ParamSpec
-from .optim import append_optimizer
-from .passes import fuse_elementwise
-from .plan import plan_buffers
-from .results import Aborted, AbortedError, Captures, Completed, Failed, Result
-from .runtime import Executable, PipelineCache, build_executable, target_for
+from .lr import rebase
+from .module import Module
+from .results import Aborted, Captures, Completed, Failed, Result
+from .runtime import Executable, ParamStore
 from .tensor import PRNG_SEED_INPUT
-from .trace import normalize_inputs, resolve_shapes, trace, trace_forward
+from .trace import normalize_inputs, resolve_shapes
 
 DEFAULT_CHUNK_SIZE = 32
 _default_device: GPUDevice | None = None
-_pipeline_caches: dict[int, PipelineCache] = {}
 
 
 async def default_device() -> GPUDevice:
@@ -44,79 +41,10 @@ async def default_device() -> GPUDevice:
     return _default_device
 
 
-def _pipelines(device: GPUDevice) -> PipelineCache:
-    cache = _pipeline_caches.get(id(device))
-    if cache is None or cache.device is not device:
-        cache = _pipeline_caches[id(device)] = PipelineCache(device)
-    return cache
-
-
 def _scalar(x: Any) -> float:
     if hasattr(x, "reshape"):
         return float(x.reshape(-1)[0])
     return float(x.tolist() if x.ndim == 0 else x[0])  # a memoryview (no numpy)
-
-
-class ParamStore:
-    """One GPU buffer per param, shared by every graph compiled against these params."""
-
-    def __init__(self, device: GPUDevice, specs: Mapping[str, ParamSpec], seed: int):
-        self.device = device
-        self.specs = dict(specs)
-        self.seed = seed
-        self.buffers = {name: device.create_buffer(max(4, 4 * s.size), name)
-                        for name, s in self.specs.items()}
-        self.reset()
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.specs)
-
-    def reset(self) -> None:
-        """Regenerate the initial values from the specs and the seed."""
-        for name, values in init_params(self.specs, self.seed).items():
-            self.device.write_buffer(self.buffers[name], memoryview(values).cast("B"))
-
-    def upload(self, params: Mapping[str, Any], partial: bool = False) -> None:
-        """Write {name: array}; strict unless `partial`. Everything is checked first."""
-        unknown = sorted(set(params) - set(self.specs))
-        if unknown:
-            raise KeyError(f"upload_params: unknown param(s) {unknown}; the model has "
-                           f"{self.names}")
-        missing = [n for n in self.specs if n not in params]
-        if missing and not partial:
-            raise KeyError(f"upload_params: missing param(s) {missing} (pass partial=True "
-                           "to upload a subset)")
-        data = {n: to_bytes(f"upload_params '{n}'", v, self.specs[n].shape, self.specs[n].dtype)
-                for n, v in params.items()}
-        for name, view in data.items():
-            self.device.write_buffer(self.buffers[name], view)
-
-    async def download(self) -> dict[str, Any]:
-        names = self.names
-        data = await self.device.read_buffers(
-            [(self.buffers[n], max(4, 4 * self.specs[n].size)) for n in names])
-        return {n: from_bytes(d, self.specs[n].shape, self.specs[n].dtype)
-                for n, d in zip(names, data)}
-
-    def destroy(self) -> None:
-        for buf in self.buffers.values():
-            self.device.destroy_buffer(buf)
-        self.buffers = {}
-
-
-def _shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int, Any]:
-    shared = {}
-    for name, node in graph.params.items():
-        if name not in store.buffers:
-            raise ShapeError("attach", f"the forward uses param '{name}', which the model "
-                             f"does not have ({store.names})")
-        spec = store.specs[name]
-        if spec.shape != node.shape:
-            raise ShapeError("attach", f"param '{name}' has shape {list(spec.shape)} in the "
-                             f"model but {list(node.shape)} in the forward")
-        shared[plan.node_buffer[node.id]] = store.buffers[name]
-    return shared
 
 
 class _Runner:
@@ -131,9 +59,9 @@ class _Runner:
         generation when step/run was called, not when the coroutine first ran)."""
         try:
             if self._destroyed or generation != self._generation:
-                raise AbortedError("destroyed or replaced")
+                raise AbortError("destroyed or replaced")
             result = await call()
-        except AbortedError:
+        except AbortError:
             return Aborted()
         except Exception as e:  # noqa: BLE001 - step/run report failures, never raise
             if generation != self._generation or self._destroyed:
@@ -157,6 +85,34 @@ def _feed_bytes(exe: Executable, feeds: Mapping[str, Any]) -> dict[str, Any]:
             value = [value]
         out[name] = to_bytes(f"input '{name}'", value, node.shape, node.dtype)
     return out
+
+
+def _snapshot(where: str, given: Mapping[str, Any], shapes: Mapping[str, tuple[Any, ...]],
+              dtypes: Mapping[str, str]) -> dict[str, bytes]:
+    """The user's inputs validated against their shapes and copied, at call time: a step or
+    run queued behind others uses the data as it was when it was called."""
+    out = {}
+    for name, value in given.items():
+        if isinstance(value, (int, float)):
+            value = [value]
+        out[name] = bytes(to_bytes(f"input '{name}'", value, shapes[name], dtypes[name]))
+    return out
+
+
+def _non_finite_input(data: Mapping[str, bytes], dtypes: Mapping[str, str]) -> str:
+    """Which f32 input holds a NaN or Inf, if any ("" when none): looked up only after a
+    failed step, so a normal step pays nothing."""
+    for name, raw in data.items():
+        if dtypes.get(name) != "f32":
+            continue
+        for k, v in enumerate(memoryview(raw).cast("f")):
+            if not math.isfinite(v):
+                return f"input '{name}' holds {v} at flat index {k}"
+    return ""
+
+
+async def _value(result: Result) -> Result:
+    return result
 
 
 def _check_user_inputs(where: str, given: Mapping[str, Any], declared: Mapping[str, Any]
@@ -188,44 +144,40 @@ class Training(_Runner):
         self._children: list[Forward] = []
         self._exe: Executable | None = None
         self._store: ParamStore | None = None
+        self._decls = normalize_inputs(inputs, wildcards=False, op="compile")
+        # Everything that touches this training's GPU state runs in call order, one at a
+        # time (attached forwards too): an upload never lands inside a step.
+        self._queue = CallQueue()
 
     def _build(self, model: Module, optimizer: Any, seed: int | None) -> None:
         seed = random_seed() if seed is None else int(seed)
-        tr = trace(model, self._loss_fn, self._input_decls, seed=seed)
-        opt = append_optimizer(tr.graph, tr.grads, optimizer,
-                               {n: s.decay for n, s in tr.params.items()},
-                               limits=self.device.limits)
-        graph, loss_id, grads, writebacks = tr.graph, tr.loss, dict(tr.grads), opt.writebacks
-        graph.outputs = [loss_id]
-        if self._fuse:
-            graph, remap = fuse_elementwise(
-                graph, {*grads.values(), *(wb.source for wb in writebacks)})
-            loss_id = remap[loss_id]
-            grads = {n: remap[i] for n, i in grads.items()}
-            writebacks = tuple(wb._replace(source=remap[wb.source]) for wb in writebacks)
-        plan = plan_buffers(graph, grads=grads, writebacks=writebacks,
-                            limits=self.device.limits)
-        kernels = emit_graph(graph, target_for(self.device))
-        store = ParamStore(self.device, tr.params, seed)
-        try:
-            exe = build_executable(self.device, graph, plan, kernels, loss_id,
-                                   _pipelines(self.device), self._chunk_size,
-                                   _shared_param_buffers(graph, plan, store))
-        except Exception:
-            store.destroy()
-            raise
-        self._model, self._optimizer, self._trace, self._opt = model, optimizer, tr, opt
-        self._grads = grads
-        self._store, self._exe = store, exe
+        c = compile_graph(Request("training", model, self._loss_fn, self._input_decls,
+                                  optimizer=optimizer, seed=seed),
+                          Options.for_device(self.device, fuse=self._fuse,
+                                             chunk_size=self._chunk_size))
+        assert c.optimizer is not None
+        self._model, self._optimizer = model, optimizer
+        self._opt, self._grads = c.optimizer, c.grads
+        self._store, self._exe = c.store, c.executable
         self._lr = optimizer.lr
         self._t = 0
         self._prng_counter = 0
-        self.seed = seed
+        self.seed = c.seed
 
     # -- properties ----------------------------------------------------------------------
     @property
     def param_names(self) -> list[str]:
         return self._store.names if self._store else []
+
+    @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """{param name: shape}, in param order."""
+        return {n: s.shape for n, s in self._store.specs.items()} if self._store else {}
+
+    @property
+    def param_count(self) -> int:
+        """How many parameter values the model has (sum of the param sizes)."""
+        return sum(s.size for s in self._store.specs.values()) if self._store else 0
 
     @property
     def kernel_count(self) -> int:
@@ -254,84 +206,126 @@ class Training(_Runner):
     # -- steps ---------------------------------------------------------------------------
     def step(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
         """One forward + backward + optimizer update (await it). Returns Completed(loss,
-        captures), Aborted() or Failed(error); a NaN or Inf loss is Failed. A step called
-        before replace_model/destroy returns Aborted even if it had not started yet."""
-        return self._guard(lambda: self._step(inputs), self._generation)
+        captures), Aborted() or Failed(error); a NaN or Inf loss is Failed.
 
-    async def _step(self, inputs: Mapping[str, Any]) -> Result:
+        The inputs are checked and copied when step is called, and calls on this training
+        (steps, uploads, resets, forward runs) run one at a time in call order. A step called
+        before replace_model/destroy returns Aborted if it had not finished."""
+        generation = self._generation
+        try:
+            _check_user_inputs("step", inputs, self._input_decls)
+            data = _snapshot("step", inputs, {n: d.shape for n, d in self._decls.items()},
+                             {n: d.dtype for n, d in self._decls.items()})
+        except Exception as e:  # noqa: BLE001 - step reports failures, never raises
+            failure = Failed(e)
+            return self._queue.submit(lambda: _value(failure))
+        return self._queue.submit(lambda: self._guard(lambda: self._step(data), generation))
+
+    async def _step(self, data: Mapping[str, bytes]) -> Result:
         exe = self._exe
         if exe is None:
-            raise AbortedError("no graph")
-        _check_user_inputs("step", inputs, self._input_decls)
-        feeds = dict(inputs)
+            raise AbortError("no graph")
+        feeds: dict[str, Any] = dict(data)
         t = self._t + 1
         feeds.update(self._opt.host_scalars(self._lr, t))
         prng = PRNG_SEED_INPUT in exe.inputs
         if prng:
             feeds[PRNG_SEED_INPUT] = self._prng_counter + 1
-        checked = _feed_bytes(exe, feeds)  # validated before the step counter moves
-        self._t = t
+        checked = _feed_bytes(exe, feeds)
         if prng:
             self._prng_counter += 1
-        out, caps = await exe.run(checked)
+        out, caps, applied = await exe.run(checked)
         loss = _scalar(out)
-        if not math.isfinite(loss):
-            return Failed(FloatingPointError(f"loss is {loss} at step {t}: training diverged "
-                                             "(lower the learning rate, clip gradients)"))
+        if not math.isfinite(loss) or not applied:
+            what = (f"loss is {loss}" if not math.isfinite(loss) else
+                    f"the loss is finite ({loss:.6g}) but a gradient is not")
+            culprit = _non_finite_input(data, {n: d.dtype for n, d in self._decls.items()})
+            return Failed(FloatingPointError(
+                f"{what} at step {t}: the update was skipped, params and optimizer state are "
+                "unchanged" + (f"; {culprit}" if culprit else
+                               " (training diverged: lower the learning rate, clip gradients)")))
+        self._t = t
         return Completed(loss=loss, captures=Captures(caps))
 
     # -- params and state ----------------------------------------------------------------
-    async def upload_params(self, params: Mapping[str, Any], partial: bool = False) -> None:
-        """Write params {name: array}; every name unless `partial`. Validated before writing."""
-        self._live_store().upload(params, partial)
+    def upload_params(self, params: Mapping[str, Any], partial: bool = False
+                      ) -> Coroutine[Any, Any, None]:
+        """Write params {name: array}; every name unless `partial`. Checked and copied when
+        called (a bad name or size raises then); written in call order with the steps."""
+        store = self._live_store()
+        data = store.check(params, partial)
+        return self._queue.submit(lambda: self._write_params(store, data))
 
-    async def download_params(self) -> dict[str, Any]:
-        """{name: array} of every param."""
-        return await self._live_store().download()
+    async def _write_params(self, store: ParamStore, data: Mapping[str, bytes]) -> None:
+        if store is not self._store:
+            raise AbortError("upload_params: the model was replaced or destroyed before the "
+                             "upload ran")
+        store.write(data)
 
-    async def download_param_grads(self) -> dict[str, Any]:
+    def download_params(self) -> Coroutine[Any, Any, dict[str, Any]]:
+        """{name: array} of every param (after the calls made before this one)."""
+        return self._queue.submit(lambda: self._live_store().download())
+
+    def download_param_grads(self) -> Coroutine[Any, Any, dict[str, Any]]:
         """{name: array}: the gradients computed by the last step (zeros before any)."""
-        exe = self._live_exe()
-        names = list(self._grads)
-        values = await exe.read([self._grads[n] for n in names])
-        return dict(zip(names, values))
+        async def read() -> dict[str, Any]:
+            names = list(self._grads)
+            values = await self._live_exe().read([self._grads[n] for n in names])
+            return dict(zip(names, values))
+        return self._queue.submit(read)
 
-    async def reset(self, params: bool = True, optimizer: bool = True) -> None:
+    def reset(self, params: bool = True, optimizer: bool = True) -> Coroutine[Any, Any, None]:
         """Re-initialise params (same seed, same values as at compile) and/or optimizer
-        state (zeros, step counter 0)."""
-        if params:
-            self._live_store().reset()
-        if optimizer:
-            await self.reset_optimizer_state()
+        state (zeros, step counter 0), in call order with the steps."""
+        async def reset() -> None:
+            if params:
+                self._live_store().reset()
+            if optimizer:
+                self._zero_optimizer_state()
+        return self._queue.submit(reset)
 
-    async def reset_optimizer_state(self) -> None:
+    def reset_optimizer_state(self) -> Coroutine[Any, Any, None]:
         """Zero every optimizer state buffer and restart the step counter."""
+        async def reset() -> None:
+            self._zero_optimizer_state()
+        return self._queue.submit(reset)
+
+    def _zero_optimizer_state(self) -> None:
         exe = self._live_exe()
         for node in exe.graph.states.values():
             init = float(node.attrs.get("init", 0.0))
             exe.write(node.id, to_bytes("state", [init] * node.size, node.shape, "f32"))
         self._t = 0
 
-    async def set_lr(self, lr: Any) -> None:
-        """Replace the learning rate or schedule; schedules start at the next step."""
-        from .lr import rebase
+    def set_lr(self, lr: Any) -> Coroutine[Any, Any, None]:
+        """Replace the learning rate or schedule (checked when called); it applies from the
+        next step after the calls made before this one, a schedule starting there."""
         self._live_exe()
-        self._lr = rebase(lr, self._t + 1)
+        rebase(lr, 1)  # checks it now
 
-    async def replace_model(self, model: Module, seed: int | None = None,
-                            optimizer: Any = None) -> None:
-        """Swap in a new model (fresh params, optimizer state and step counter). Calls in
-        flight return Aborted; attached forwards retrace against the new model."""
+        async def apply() -> None:
+            self._live_exe()
+            self._lr = rebase(lr, self._t + 1)
+        return self._queue.submit(apply)
+
+    def replace_model(self, model: Module, seed: int | None = None,
+                      optimizer: Any = None) -> Coroutine[Any, Any, None]:
+        """Swap in a new model (fresh params, optimizer state and step counter). Calls made
+        before it return Aborted if they had not finished; attached forwards retrace against
+        the new model. The rebuild runs once the calls before it are done."""
         self._live_exe()
         self._generation += 1
-        old_exe, old_store = self._exe, self._store
         for child in self._children:
             child._invalidate()
-        self._build(model, optimizer if optimizer is not None else self._optimizer, seed)
-        if old_exe is not None:
-            old_exe.destroy()
-        if old_store is not None:
-            old_store.destroy()
+
+        async def rebuild() -> None:
+            old_exe, old_store = self._exe, self._store
+            self._build(model, optimizer if optimizer is not None else self._optimizer, seed)
+            if old_exe is not None:
+                old_exe.destroy()
+            if old_store is not None:
+                old_store.destroy()
+        return self._queue.submit(rebuild)
 
     async def attach(self, forward: Callable[..., Any], inputs: Mapping[str, Any],
                      output: str = "f32", max_cached_shapes: int = 8) -> Forward:
@@ -390,6 +384,13 @@ class Forward(_Runner):
         self._own_model = model
         self._cache: OrderedDict[str, tuple[Executable, Any]] = OrderedDict()
         self._prng_counter = 0
+        self._dtypes = {n: d.dtype for n, d in normalize_inputs(self._input_decls).items()}
+        self._own_queue = CallQueue()
+
+    @property
+    def _queue(self) -> CallQueue:
+        """The owner's queue for an attached forward (its runs order with the steps)."""
+        return self._owner._queue if self._owner else self._own_queue
 
     @property
     def _store(self) -> ParamStore:
@@ -406,6 +407,16 @@ class Forward(_Runner):
     def param_names(self) -> list[str]:
         return self._store.names
 
+    @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """{param name: shape}, in param order (the params this forward shares or owns)."""
+        return {n: s.shape for n, s in self._store.specs.items()}
+
+    @property
+    def param_count(self) -> int:
+        """How many parameter values the model has (sum of the param sizes)."""
+        return sum(s.size for s in self._store.specs.values())
+
     def _invalidate(self) -> None:
         self._generation += 1
         for exe, _ in self._cache.values():
@@ -414,29 +425,22 @@ class Forward(_Runner):
 
     def graph_for(self, **inputs: Any) -> Executable:
         """The executable for these inputs' shapes (compiled on first use, LRU-cached)."""
-        dtypes = {n: d.dtype for n, d in normalize_inputs(self._input_decls).items()}
-        shapes = {n: (s, dtypes[n]) for n, s in resolve_shapes(self._input_decls, inputs).items()}
-        key = "|".join(f"{n}:{'x'.join(map(str, s))}:{d}" for n, (s, d) in sorted(shapes.items()))
+        return self._executable(resolve_shapes(self._input_decls, inputs))
+
+    def _executable(self, shapes: Mapping[str, tuple[int, ...]]) -> Executable:
+        typed = {n: (s, self._dtypes[n]) for n, s in shapes.items()}
+        key = "|".join(f"{n}:{'x'.join(map(str, s))}:{d}" for n, (s, d) in sorted(typed.items()))
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit[0]
-        tr = trace_forward(self._model, self._forward, shapes)
-        out_node = tr.graph[tr.output]
-        if out_node.dtype != self._output:
-            raise ShapeError("forward", f"the forward returns {out_node.dtype} but output="
-                             f"{self._output!r} was declared")
-        graph, output = tr.graph, tr.output
-        graph.outputs = [output]
-        if self._fuse:
-            graph, remap = fuse_elementwise(graph, ())
-            output = remap[output]
-        plan = plan_buffers(graph, grads={}, writebacks=[], limits=self.device.limits)
-        kernels = emit_graph(graph, target_for(self.device))
-        exe = build_executable(self.device, graph, plan, kernels, output,
-                               _pipelines(self.device), self._chunk_size,
-                               _shared_param_buffers(graph, plan, self._store))
-        self._cache[key] = (exe, shapes)
+        c = compile_graph(Request("forward", self._model, self._forward, typed,
+                                  output=self._output),
+                          Options.for_device(self.device, fuse=self._fuse,
+                                             chunk_size=self._chunk_size, store=self._store))
+        exe = c.executable
+        assert exe is not None
+        self._cache[key] = (exe, typed)
         while len(self._cache) > self._max_cached:
             _, (old, _) = self._cache.popitem(last=False)
             old.destroy()
@@ -444,28 +448,50 @@ class Forward(_Runner):
 
     def run(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
         """Run the forward (await it): Completed(output, captures), Aborted() or
-        Failed(error)."""
-        return self._guard(lambda: self._run(inputs), self._generation)
+        Failed(error). The inputs are checked and copied when run is called; runs of an
+        attached forward take their turn with the training's steps, in call order."""
+        generation = self._generation
+        try:
+            _check_user_inputs("run", inputs, self._input_decls)
+            shapes = resolve_shapes(self._input_decls, inputs)
+            data = _snapshot("run", inputs, shapes, self._dtypes)
+        except Exception as e:  # noqa: BLE001 - run reports failures, never raises
+            failure = Failed(e)
+            return self._queue.submit(lambda: _value(failure))
+        return self._queue.submit(lambda: self._guard(lambda: self._run(shapes, data),
+                                                      generation))
 
-    async def _run(self, inputs: Mapping[str, Any]) -> Result:
-        _check_user_inputs("run", inputs, self._input_decls)
-        exe = self.graph_for(**inputs)
-        feeds = dict(inputs)
+    async def _run(self, shapes: Mapping[str, tuple[int, ...]], data: Mapping[str, bytes]
+                   ) -> Result:
+        exe = self._executable(shapes)
+        feeds: dict[str, Any] = dict(data)
         if PRNG_SEED_INPUT in exe.inputs:
             self._prng_counter += 1
             feeds[PRNG_SEED_INPUT] = self._prng_counter
-        out, caps = await exe.run(_feed_bytes(exe, feeds))
+        out, caps, _ = await exe.run(_feed_bytes(exe, feeds))
         return Completed(output=out, captures=Captures(caps))
 
     def output_shape(self, **inputs: Any) -> tuple[int, ...]:
         exe = self.graph_for(**inputs)
         return exe.graph[exe.output_id].shape
 
-    async def upload_params(self, params: Mapping[str, Any], partial: bool = False) -> None:
-        self._store.upload(params, partial)
+    def upload_params(self, params: Mapping[str, Any], partial: bool = False
+                      ) -> Coroutine[Any, Any, None]:
+        """Write params {name: array} (the owner's, for an attached forward); checked and
+        copied when called, written in call order."""
+        store = self._store
+        data = store.check(params, partial)
 
-    async def download_params(self) -> dict[str, Any]:
-        return await self._store.download()
+        async def write() -> None:
+            if store is not self._store:
+                raise AbortError("upload_params: the model was replaced or destroyed before "
+                                 "the upload ran")
+            store.write(data)
+        return self._queue.submit(write)
+
+    def download_params(self) -> Coroutine[Any, Any, dict[str, Any]]:
+        """{name: array} of every param (after the calls made before this one)."""
+        return self._queue.submit(lambda: self._store.download())
 
     def destroy(self) -> None:
         if self._destroyed:

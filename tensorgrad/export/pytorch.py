@@ -124,8 +124,7 @@ class TorchExport:
 
 
 def _is_handle(obj: Any) -> bool:
-    return not isinstance(obj, Module) and inspect.iscoroutinefunction(
-        getattr(obj, "download_params", None))
+    return not isinstance(obj, Module) and callable(getattr(obj, "download_params", None))
 
 
 def export_torch(model_or_handle: Any, *, inputs: Mapping[str, Any] | None = None,
@@ -297,7 +296,7 @@ def _walk_modules(root: Module) -> list[Module]:
 
 def _trace(model: Module, forward: Callable[..., Tensor], shapes: Mapping[str, Any],
            record: bool) -> _Traced:
-    from ..trace import trace_forward
+    from ..compiler import trace_forward
 
     holder: dict[str, Any] = {}
     classes = _module_classes(model) if record else []
@@ -1483,8 +1482,11 @@ def _candidates(config: Mapping[str, Any], value: Any) -> list[str]:
 
 
 def _init_skeleton(spec: Any) -> tuple:
-    d = spec.to_dict()
-    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.items()))
+    import dataclasses
+
+    values = ((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec))
+    return (type(spec).__name__,
+            *((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in values))
 
 
 class _Writer:

@@ -117,14 +117,26 @@ def check_log_is_console(demo: DemoPage) -> list[str]:
     return lines
 
 
-def test_index_links_to_both_demos(web_url: str) -> None:
+def test_index_links_to_every_demo(web_url: str) -> None:
+    from .conftest import build
+
     html = urllib.request.urlopen(f"{web_url}demos/").read().decode()
-    for name in ("mlp_sin", "addition_transformer"):
+    assert {"mlp_sin", "addition_transformer"} <= set(build.demo_names())
+    for name in build.demo_names():
         assert f'href="{name}/"' in html
         page = urllib.request.urlopen(f"{web_url}demos/{name}/").read().decode()
         assert "<canvas" in page and "window.demo" in page
         main = urllib.request.urlopen(f"{web_url}demos/{name}/main.py").read().decode()
         assert "async def main()" in main
+
+
+def test_every_demo_has_a_browser_test() -> None:
+    from .conftest import build
+
+    tests = {name for name in globals() if name.startswith("test_")}
+    untested = [d for d in build.demo_names() if not any(t.startswith(f"test_{d}_demo")
+                                                         for t in tests)]
+    assert not untested, f"demos without a test_<name>_demo... browser test: {untested}"
 
 
 def test_mlp_sin_demo_trains_and_plots(open_demo: Any, tmp_path: Path) -> None:

@@ -363,7 +363,7 @@ def test_backward_and_optimizer_ops_are_clear_errors(op: str) -> None:
 
 
 def test_a_backward_op_in_a_forward_is_rejected_by_name() -> None:
-    from tensorgrad.tensor import record
+    from tensorgrad.ops.registry import record
 
     def forward(m: Holder, x: tg.Tensor) -> tg.Tensor:
         return record("relu_grad", [x, x * 2.0])
