@@ -101,7 +101,7 @@ def test_pyscript_is_served_offline(web_url: str) -> None:
     assert 'href="pyscript_mlp/"' in index
 
 
-def test_pyscript_demo_trains_plots_stays_responsive_and_exports(
+def test_pyscript_mlp_demo_trains_plots_stays_responsive_and_exports(
         watched: Any, web_url: str, tmp_path: Path) -> None:
     import torch
     from safetensors.torch import load_file
