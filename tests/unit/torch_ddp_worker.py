@@ -81,6 +81,7 @@ def main() -> None:
             "backend": dist.get_backend(),
         }
         (folder / "ddp_result.json").write_text(json.dumps(result))
+    dist.barrier()  # both ranks leave together (a rank that exits early can abort gloo's peer)
     dist.destroy_process_group()
 
 
