@@ -133,8 +133,12 @@ def test_pyscript_mlp_demo_trains_plots_stays_responsive_and_exports(
                span: end - start };
     }""")
     print(f"heartbeat during training (20 ms timer): {gaps}")
+    # On an idle 2-core machine: p99 ~23-26 ms, max ~22-33 ms; at load average 9 on the 2
+    # cores (other test runs) p99 ~60-100 ms and max up to 292 ms were seen, so the bounds leave
+    # room for that while a page blocked by Python (a synchronous step loop) fails them.
     assert gaps["beats"] > 0.5 * gaps["span"] / 20, gaps   # mostly on time
-    assert gaps["max"] < 250, gaps                          # never frozen for long
+    assert gaps["p99"] < 250, gaps
+    assert gaps["max"] < 1000, gaps                         # never frozen for a second
 
     # the plots
     w.page.evaluate("() => new Promise((r) => requestAnimationFrame(() => r()))")
