@@ -127,6 +127,9 @@ def cmd_test(args: argparse.Namespace) -> int:
 PYODIDE_VERSION = "314.0.8"  # must equal package.json / package-lock.json
 PYODIDE_CORE = ("pyodide.mjs", "pyodide.mjs.map", "pyodide.asm.mjs", "pyodide.asm.wasm",
                 "python_stdlib.zip")
+# PyScript (npm @pyscript/core), served from dist/web/pyscript/ and configured per page to use
+# the Pyodide above ("interpreter": ".../pyodide/pyodide.mjs"), so nothing comes from a CDN.
+PYSCRIPT_VERSION = "0.7.31"  # must equal package.json / package-lock.json
 # Pyodide lock entries served from PyPI's files (the lock's own files live on a CDN).
 PYPI_WHEELS = {"micropip": "0.11.1", "packaging": "26.1"}
 WEB = DIST / "web"
@@ -259,9 +262,22 @@ def build_demo_data() -> list[Path]:
     return module.build_all(CACHE / "data")
 
 
+def copy_pyscript(dest: Path) -> None:
+    """PyScript's browser files (npm @pyscript/core's dist/: core.js, core.css and the chunks
+    they import) into `dest`, checked against the pinned version."""
+    package = ROOT / "node_modules" / "@pyscript" / "core"
+    version = json.loads((package / "package.json").read_text())["version"]
+    if version != PYSCRIPT_VERSION:
+        raise SystemExit(f"node_modules has @pyscript/core {version}, want {PYSCRIPT_VERSION} "
+                         "(run npm ci)")
+    shutil.copytree(package / "dist", dest)
+    (dest / "VERSION").write_text(version + "\n")
+
+
 def build_web() -> Path:
-    """Assemble dist/web/: Pyodide core, micropip + packaging, the tensorgrad wheel, web/ files,
-    demos/, manifest.json. Built beside and swapped in, so a running server never sees half."""
+    """Assemble dist/web/: Pyodide core, micropip + packaging, PyScript, the tensorgrad wheel,
+    web/ files, demos/, manifest.json. Built beside and swapped in, so a running server never
+    sees half."""
     ensure_node_modules()
     wheel = build_wheel()
     tmp = DIST / f".web.{os.getpid()}"
@@ -280,6 +296,7 @@ def build_web() -> Path:
         shutil.copy2(src, core / src.name)
         entry["file_name"], entry["sha256"] = src.name, _sha256(src)
     (core / "pyodide-lock.json").write_text(json.dumps(lock))
+    copy_pyscript(tmp / "pyscript")
     shutil.copy2(wheel, tmp / wheel.name)
     if (ROOT / "web").is_dir():
         shutil.copytree(ROOT / "web", tmp, dirs_exist_ok=True)
@@ -294,6 +311,7 @@ def build_web() -> Path:
         for path in data:
             shutil.copy2(path, tmp / "data" / path.name)
     manifest = {"version": wheel.name.split("-")[1], "pyodide": PYODIDE_VERSION,
+                "pyscript": PYSCRIPT_VERSION,
                 "indexURL": "pyodide/", "wheel": wheel.name, "demos": demos,
                 "data": sorted(p.name for p in data)}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))

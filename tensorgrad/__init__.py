@@ -5,7 +5,7 @@ Write a model against the op set (`tg.matmul`, `tg.relu`, ... and layers such as
 and `await train.step(**data)`. See the README for a complete example.
 """
 
-from . import init, lr, ops, optim
+from . import export, init, lr, ops, optim
 from .api import Forward, Training, compile, compile_forward, default_device
 from .compiler import trace, trace_forward
 from .errors import (
@@ -35,7 +35,7 @@ __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
     "DeviceLostError", "Embedding", "Failed", "Forward", "LayerNorm", "Linear", "Module",
     "PlanError", "ProtocolError", "RMSNorm", "RemoteError", "Result", "ShaderCompileError", "ShapeError",
     "Tensor", "TraceError", "Training", "WebGPUSupport", "check_webgpu", "compile",
-    "compile_forward", "default_device", "init",
+    "compile_forward", "default_device", "export", "init",
     "load_safetensors", "lr", "ops", "optim", "save_safetensors", "single_flight", "trace",
     "trace_forward",
     *sorted(_PUBLIC),

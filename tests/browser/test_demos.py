@@ -125,15 +125,17 @@ def test_index_links_to_every_demo(web_url: str) -> None:
     for name in build.demo_names():
         assert f'href="{name}/"' in html
         page = urllib.request.urlopen(f"{web_url}demos/{name}/").read().decode()
-        assert "<canvas" in page and "window.demo" in page
+        # a Demo page (demos/common/demo.js) or a PyScript page (Python on the page)
+        assert "<canvas" in page and ("window.demo" in page or '<script type="py"' in page)
         main = urllib.request.urlopen(f"{web_url}demos/{name}/main.py").read().decode()
         assert "async def main()" in main
 
 
 def test_every_demo_has_a_browser_test() -> None:
+    from . import test_pyscript  # the PyScript demo's test lives beside its README test
     from .conftest import build
 
-    tests = {name for name in globals() if name.startswith("test_")}
+    tests = {name for name in [*globals(), *vars(test_pyscript)] if name.startswith("test_")}
     untested = [d for d in build.demo_names() if not any(t.startswith(f"test_{d}_demo")
                                                          for t in tests)]
     assert not untested, f"demos without a test_<name>_demo... browser test: {untested}"
