@@ -168,6 +168,7 @@ export class Demo {
     const common = new URL("../common/demo_common.py", location.href).href;
     try {
       this.session = await tensorgrad.start({ onProgress: (p) => this.progress(p) });
+      this.session.onPost = (data) => this.message(data);  // posts of exec() calls
       await this.session.exec("from tensorgrad.web import import_source\n" +
                               `await import_source("demo_common", ${JSON.stringify(common)}, ` +
                               '"demo_common.py")');

@@ -20,11 +20,12 @@ Start after Stop continues; the page's Stop sets ``CONTROL["stop"]`` there.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import importlib.util
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -69,6 +70,42 @@ def ints(output: Any) -> list[int]:
     if hasattr(output, "reshape"):
         return [int(v) for v in output.reshape(-1).tolist()]
     return flat_buffer(output).tolist()
+
+
+def shape_of(value: Any) -> tuple[int, ...]:
+    """Shape of a downloaded param (numpy array or memoryview)."""
+    return tuple(getattr(value, "shape", ()) or ())
+
+
+def f32(value: Any) -> Any:
+    """A downloaded param as a flat f32 buffer (becomes a Float32Array on the page)."""
+    if hasattr(value, "reshape"):
+        import numpy as np
+        return np.ascontiguousarray(value, dtype=np.float32).reshape(-1)
+    return flat_buffer(value)
+
+
+def u8_to_f32(data: bytes, lo: float = 0.0, hi: float = 1.0) -> Any:
+    """uint8 bytes as an f32 array (numpy when importable, else array.array) of
+    lo + (hi - lo) * v / 255."""
+    try:
+        import numpy as np
+    except ImportError:
+        table = [lo + (hi - lo) * v / 255 for v in range(256)]
+        return array.array("f", map(table.__getitem__, data))
+    return (lo + (hi - lo) * np.frombuffer(data, np.uint8).astype(np.float32) / 255
+            ).astype(np.float32)
+
+
+def gather(flat: Any, rows: Sequence[int], size: int) -> Any:
+    """Rows `rows` (each `size` values) of a flat array, concatenated into one flat f32
+    array (numpy fancy indexing when `flat` is numpy, array slices otherwise)."""
+    if hasattr(flat, "reshape"):
+        return flat.reshape(-1, size)[list(rows)].reshape(-1)
+    out = array.array("f")
+    for r in rows:
+        out += flat[r * size:(r + 1) * size]
+    return out
 
 
 def completed(result: Any, what: str) -> Any:
@@ -152,6 +189,17 @@ class Script:
             self.state[key] = blob
             log(f"loaded {name}: {len(blob):,} bytes in "
                 f"{1000 * (time.perf_counter() - t0):.0f} ms")
+        return self.state[key]
+
+    async def mnist(self, split: str, lo: float = 0.0, hi: float = 1.0
+                    ) -> tuple[Any, bytes]:
+        """MNIST `split` ("train": 8,000 digits, "test": 2,000): (pixels as a flat f32
+        array of n·784 values scaled to lo..hi, labels as bytes)."""
+        key = f"mnist:{split}:{lo}:{hi}"
+        if key not in self.state:
+            images = await self.data(f"mnist-{split}-images.u8")
+            labels = await self.data(f"mnist-{split}-labels.u8")
+            self.state[key] = (u8_to_f32(images, lo, hi), labels)
         return self.state[key]
 
     # -- compile and train ------------------------------------------------------------------

@@ -1,0 +1,91 @@
+"""Every demo's script (demos/NAME/main.py, the same file the page runs in the worker) run
+natively to its target: each test trains the demo's own model, loss and optimizer with the
+smallest budget that shows the target, on the session's native device, and prints the
+figures reached. Data comes from demos/data (pinned packages, converted and cached)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tensorgrad import web
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "demos" / "common"))
+
+
+def load_script(name: str) -> ModuleType:
+    """A fresh module of demos/NAME/main.py (its own STATE)."""
+    path = ROOT / "demos" / name / "main.py"
+    spec = importlib.util.spec_from_file_location(f"tensorgrad_demo_main_{name}", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_script(mod: ModuleType, device: Any, monkeypatch: Any, **cfg: Any
+               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run `mod.main()` with DEMO_CONFIG = cfg on `device`; (figures, posted messages)."""
+    posts: list[dict[str, Any]] = []
+    monkeypatch.setattr(web, "_sink", posts.append)
+    mod.DEMO_CONFIG = {**cfg, "device": device}
+    t0 = time.perf_counter()
+    figures = asyncio.run(mod.main())
+    figures["seconds"] = round(time.perf_counter() - t0, 1)
+    logs = [p["text"] for p in posts if p.get("kind") == "log"]
+    print(f"\n{mod.D.name}: " + "\n  ".join(logs[-6:]) + f"\n  figures: {figures}")
+    return figures, posts
+
+
+def kinds(posts: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [p for p in posts if p.get("kind") == kind]
+
+
+def test_mnist_cnn_reaches_97_percent_on_held_out_digits(gpu_device, monkeypatch) -> None:
+    mod = load_script("mnist_cnn")
+    figures, posts = run_script(mod, gpu_device, monkeypatch, steps=1200, every=150,
+                                until=0.97, seed=1)
+    evals = kinds(posts, "eval")
+    assert evals[-1]["n"] == 2000 and evals[0]["step"] == 0
+    assert evals[0]["acc"] < 0.3, evals[0]     # an untrained net guesses
+    assert figures["test_acc"] >= 0.97, figures
+    assert figures["steps"] <= 1200 and figures["params"] == 16 * 9 + 16 + 32 * 16 * 9 + 32 + \
+        1568 * 64 + 64 + 64 * 10 + 10
+
+
+def test_digit_canvas_mlp_reaches_95_percent_and_swaps_models(gpu_device, monkeypatch
+                                                              ) -> None:
+    mod = load_script("digit_canvas")
+    figures, posts = run_script(mod, gpu_device, monkeypatch, steps=3000, every=250,
+                                until=0.95, seed=1)
+    assert figures["test_acc"] >= 0.95 and figures["hidden"] == 128, figures
+
+    async def canvas_and_params() -> None:
+        images, labels = await mod.D.mnist("test")
+        one = [float(v) for v in images[:784]]
+        first, second = await asyncio.gather(mod.canvas_predict(one), mod.canvas_predict(one))
+        # single-flight: of two calls at once the first either ran or was superseded
+        assert second is not None and len(second) == 10
+        assert abs(sum(second) - 1) < 1e-4 and second.index(max(second)) == labels[0]
+        assert first is None or first == second
+        await mod.export_params()
+        saved = kinds(posts, "params")[-1]
+        await mod.set_hidden(32)
+        assert mod.STATE["params"] == 784 * 32 + 32 + 32 * 10 + 10 and mod.STATE["step"] == 0
+        small = await mod.canvas_predict(one)
+        assert small is not None and small != second
+        import base64
+        blobs = {n: base64.b64encode(memoryview(v).cast("B")).decode()
+                 for n, v in zip(saved["names"], saved["values"])}
+        await mod.import_params(saved["hidden"], blobs)
+        assert mod.STATE["hidden"] == 128
+        again = await mod.canvas_predict(one)
+        assert again is not None and max(abs(a - b) for a, b in zip(again, second)) < 1e-5
+
+    asyncio.run(canvas_and_params())
