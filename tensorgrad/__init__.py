@@ -7,8 +7,18 @@ and `await train.step(**data)`. See the README for a complete example.
 
 from . import init, lr, ops, optim
 from .api import Forward, Training, compile, compile_forward, default_device
-from .errors import ShapeError, TraceError
-from .gpu import ShaderCompileError
+from .compiler import trace, trace_forward
+from .errors import (
+                     AbortError,
+                     DeviceLimitError,
+                     DeviceLostError,
+                     PlanError,
+                     RemoteError,
+                     ShaderCompileError,
+                     ShapeError,
+                     TraceError,
+)
+from .flight import single_flight
 from .module import Module
 from .nn import Conv2d, Embedding, LayerNorm, Linear, RMSNorm
 from .ops import *
@@ -16,14 +26,15 @@ from .ops.registry import PUBLIC as _PUBLIC
 from .results import Aborted, Captures, Completed, Failed, Result
 from .safetensors import load_safetensors, save_safetensors
 from .tensor import Tensor
-from .trace import trace, trace_forward
 
 __version__ = "0.1.0"
 
 __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
-    "Aborted", "Captures", "Completed", "Conv2d", "Embedding", "Failed", "Forward",
-    "LayerNorm", "Linear", "Module", "RMSNorm", "Result", "ShaderCompileError", "ShapeError",
+    "AbortError", "Aborted", "Captures", "Completed", "Conv2d", "DeviceLimitError",
+    "DeviceLostError", "Embedding", "Failed", "Forward", "LayerNorm", "Linear", "Module",
+    "PlanError", "RMSNorm", "RemoteError", "Result", "ShaderCompileError", "ShapeError",
     "Tensor", "TraceError", "Training", "compile", "compile_forward", "default_device", "init",
-    "load_safetensors", "lr", "ops", "optim", "save_safetensors", "trace", "trace_forward",
+    "load_safetensors", "lr", "ops", "optim", "save_safetensors", "single_flight", "trace",
+    "trace_forward",
     *sorted(_PUBLIC),
 ]

@@ -1,12 +1,11 @@
-"""The public, async training and inference API: `compile`, `compile_forward`, handles.
+"""The public, async training and inference API: `compile`, `compile_forward`, and the handles.
 
     train = await tg.compile(model=MLP(), loss=loss_fn, inputs={"x": [256, 1], "y": [256, 1]},
                              optimizer=tg.optim.Adam(lr=5e-3))
     result = await train.step(x=x, y=y)          # Completed | Aborted | Failed, never raises
 
-Pipeline per graph: trace -> autograd -> DCE -> optimizer -> buffer plan -> WGSL -> runtime.
-Params live in a :class:`ParamStore` (one GPU buffer per param) that the training graph and
-every attached forward graph bind, so they share weights without copies.
+The handles hold what a compiled graph needs between calls (its executable, the params, the
+optimizer's step counter and LR); every graph is made by :func:`tensorgrad.compiler.compile_graph`.
 """
 
 from __future__ import annotations
@@ -16,24 +15,20 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from .codegen.kernel import emit_graph
-from .errors import ShapeError
+from .compiler import Options, Request, compile_graph
+from .errors import AbortError, ShapeError
 from .gpu import GPUDevice, request_device
-from .hostdata import from_bytes, to_bytes
-from .init import init_params, random_seed
+from .hostdata import to_bytes
+from .init import random_seed
 from .ir import Graph
-from .module import Module, ParamSpec
-from .optim import append_optimizer
-from .passes import fuse_elementwise
-from .plan import plan_buffers
-from .results import Aborted, AbortedError, Captures, Completed, Failed, Result
-from .runtime import Executable, PipelineCache, build_executable, target_for
+from .module import Module
+from .results import Aborted, Captures, Completed, Failed, Result
+from .runtime import Executable, ParamStore
 from .tensor import PRNG_SEED_INPUT
-from .trace import normalize_inputs, resolve_shapes, trace, trace_forward
+from .trace import normalize_inputs, resolve_shapes
 
 DEFAULT_CHUNK_SIZE = 32
 _default_device: GPUDevice | None = None
-_pipeline_caches: dict[int, PipelineCache] = {}
 
 
 async def default_device() -> GPUDevice:
@@ -44,79 +39,10 @@ async def default_device() -> GPUDevice:
     return _default_device
 
 
-def _pipelines(device: GPUDevice) -> PipelineCache:
-    cache = _pipeline_caches.get(id(device))
-    if cache is None or cache.device is not device:
-        cache = _pipeline_caches[id(device)] = PipelineCache(device)
-    return cache
-
-
 def _scalar(x: Any) -> float:
     if hasattr(x, "reshape"):
         return float(x.reshape(-1)[0])
     return float(x.tolist() if x.ndim == 0 else x[0])  # a memoryview (no numpy)
-
-
-class ParamStore:
-    """One GPU buffer per param, shared by every graph compiled against these params."""
-
-    def __init__(self, device: GPUDevice, specs: Mapping[str, ParamSpec], seed: int):
-        self.device = device
-        self.specs = dict(specs)
-        self.seed = seed
-        self.buffers = {name: device.create_buffer(max(4, 4 * s.size), name)
-                        for name, s in self.specs.items()}
-        self.reset()
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.specs)
-
-    def reset(self) -> None:
-        """Regenerate the initial values from the specs and the seed."""
-        for name, values in init_params(self.specs, self.seed).items():
-            self.device.write_buffer(self.buffers[name], memoryview(values).cast("B"))
-
-    def upload(self, params: Mapping[str, Any], partial: bool = False) -> None:
-        """Write {name: array}; strict unless `partial`. Everything is checked first."""
-        unknown = sorted(set(params) - set(self.specs))
-        if unknown:
-            raise KeyError(f"upload_params: unknown param(s) {unknown}; the model has "
-                           f"{self.names}")
-        missing = [n for n in self.specs if n not in params]
-        if missing and not partial:
-            raise KeyError(f"upload_params: missing param(s) {missing} (pass partial=True "
-                           "to upload a subset)")
-        data = {n: to_bytes(f"upload_params '{n}'", v, self.specs[n].shape, self.specs[n].dtype)
-                for n, v in params.items()}
-        for name, view in data.items():
-            self.device.write_buffer(self.buffers[name], view)
-
-    async def download(self) -> dict[str, Any]:
-        names = self.names
-        data = await self.device.read_buffers(
-            [(self.buffers[n], max(4, 4 * self.specs[n].size)) for n in names])
-        return {n: from_bytes(d, self.specs[n].shape, self.specs[n].dtype)
-                for n, d in zip(names, data)}
-
-    def destroy(self) -> None:
-        for buf in self.buffers.values():
-            self.device.destroy_buffer(buf)
-        self.buffers = {}
-
-
-def _shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int, Any]:
-    shared = {}
-    for name, node in graph.params.items():
-        if name not in store.buffers:
-            raise ShapeError("attach", f"the forward uses param '{name}', which the model "
-                             f"does not have ({store.names})")
-        spec = store.specs[name]
-        if spec.shape != node.shape:
-            raise ShapeError("attach", f"param '{name}' has shape {list(spec.shape)} in the "
-                             f"model but {list(node.shape)} in the forward")
-        shared[plan.node_buffer[node.id]] = store.buffers[name]
-    return shared
 
 
 class _Runner:
@@ -131,9 +57,9 @@ class _Runner:
         generation when step/run was called, not when the coroutine first ran)."""
         try:
             if self._destroyed or generation != self._generation:
-                raise AbortedError("destroyed or replaced")
+                raise AbortError("destroyed or replaced")
             result = await call()
-        except AbortedError:
+        except AbortError:
             return Aborted()
         except Exception as e:  # noqa: BLE001 - step/run report failures, never raise
             if generation != self._generation or self._destroyed:
@@ -191,41 +117,33 @@ class Training(_Runner):
 
     def _build(self, model: Module, optimizer: Any, seed: int | None) -> None:
         seed = random_seed() if seed is None else int(seed)
-        tr = trace(model, self._loss_fn, self._input_decls, seed=seed)
-        opt = append_optimizer(tr.graph, tr.grads, optimizer,
-                               {n: s.decay for n, s in tr.params.items()},
-                               limits=self.device.limits)
-        graph, loss_id, grads, writebacks = tr.graph, tr.loss, dict(tr.grads), opt.writebacks
-        graph.outputs = [loss_id]
-        if self._fuse:
-            graph, remap = fuse_elementwise(
-                graph, {*grads.values(), *(wb.source for wb in writebacks)})
-            loss_id = remap[loss_id]
-            grads = {n: remap[i] for n, i in grads.items()}
-            writebacks = tuple(wb._replace(source=remap[wb.source]) for wb in writebacks)
-        plan = plan_buffers(graph, grads=grads, writebacks=writebacks,
-                            limits=self.device.limits)
-        kernels = emit_graph(graph, target_for(self.device))
-        store = ParamStore(self.device, tr.params, seed)
-        try:
-            exe = build_executable(self.device, graph, plan, kernels, loss_id,
-                                   _pipelines(self.device), self._chunk_size,
-                                   _shared_param_buffers(graph, plan, store))
-        except Exception:
-            store.destroy()
-            raise
-        self._model, self._optimizer, self._trace, self._opt = model, optimizer, tr, opt
-        self._grads = grads
-        self._store, self._exe = store, exe
+        c = compile_graph(Request("training", model, self._loss_fn, self._input_decls,
+                                  optimizer=optimizer, seed=seed),
+                          Options.for_device(self.device, fuse=self._fuse,
+                                             chunk_size=self._chunk_size))
+        assert c.optimizer is not None
+        self._model, self._optimizer = model, optimizer
+        self._opt, self._grads = c.optimizer, c.grads
+        self._store, self._exe = c.store, c.executable
         self._lr = optimizer.lr
         self._t = 0
         self._prng_counter = 0
-        self.seed = seed
+        self.seed = c.seed
 
     # -- properties ----------------------------------------------------------------------
     @property
     def param_names(self) -> list[str]:
         return self._store.names if self._store else []
+
+    @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """{param name: shape}, in param order."""
+        return {n: s.shape for n, s in self._store.specs.items()} if self._store else {}
+
+    @property
+    def param_count(self) -> int:
+        """How many parameter values the model has (sum of the param sizes)."""
+        return sum(s.size for s in self._store.specs.values()) if self._store else 0
 
     @property
     def kernel_count(self) -> int:
@@ -261,7 +179,7 @@ class Training(_Runner):
     async def _step(self, inputs: Mapping[str, Any]) -> Result:
         exe = self._exe
         if exe is None:
-            raise AbortedError("no graph")
+            raise AbortError("no graph")
         _check_user_inputs("step", inputs, self._input_decls)
         feeds = dict(inputs)
         t = self._t + 1
@@ -406,6 +324,16 @@ class Forward(_Runner):
     def param_names(self) -> list[str]:
         return self._store.names
 
+    @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """{param name: shape}, in param order (the params this forward shares or owns)."""
+        return {n: s.shape for n, s in self._store.specs.items()}
+
+    @property
+    def param_count(self) -> int:
+        """How many parameter values the model has (sum of the param sizes)."""
+        return sum(s.size for s in self._store.specs.values())
+
     def _invalidate(self) -> None:
         self._generation += 1
         for exe, _ in self._cache.values():
@@ -421,21 +349,12 @@ class Forward(_Runner):
         if hit is not None:
             self._cache.move_to_end(key)
             return hit[0]
-        tr = trace_forward(self._model, self._forward, shapes)
-        out_node = tr.graph[tr.output]
-        if out_node.dtype != self._output:
-            raise ShapeError("forward", f"the forward returns {out_node.dtype} but output="
-                             f"{self._output!r} was declared")
-        graph, output = tr.graph, tr.output
-        graph.outputs = [output]
-        if self._fuse:
-            graph, remap = fuse_elementwise(graph, ())
-            output = remap[output]
-        plan = plan_buffers(graph, grads={}, writebacks=[], limits=self.device.limits)
-        kernels = emit_graph(graph, target_for(self.device))
-        exe = build_executable(self.device, graph, plan, kernels, output,
-                               _pipelines(self.device), self._chunk_size,
-                               _shared_param_buffers(graph, plan, self._store))
+        c = compile_graph(Request("forward", self._model, self._forward, shapes,
+                                  output=self._output),
+                          Options.for_device(self.device, fuse=self._fuse,
+                                             chunk_size=self._chunk_size, store=self._store))
+        exe = c.executable
+        assert exe is not None
         self._cache[key] = (exe, shapes)
         while len(self._cache) > self._max_cached:
             _, (old, _) = self._cache.popitem(last=False)

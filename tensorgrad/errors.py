@@ -1,10 +1,28 @@
-"""Errors raised while building or running a graph."""
+"""Every exception tensorgrad raises on purpose, in one place.
+
+Building a graph: :class:`ShapeError` (a shape, dtype or argument mistake, naming the op and
+the user's line), :class:`DeviceLimitError` (a tensor too large for the device),
+:class:`TraceError` (misuse of the tracer), :class:`ShaderCompileError` (a kernel's WGSL was
+rejected), :class:`PlanError` (an internal inconsistency in a buffer plan).
+Running it: :class:`AbortError` (the graph was replaced or destroyed meanwhile; ``step`` and
+``run`` report it as ``Aborted()``), :class:`DeviceLostError` (the GPU device is gone).
+Across the worker boundary: :class:`RemoteError`, raised on the page for an exception of the
+worker, which travels as its class name; :func:`remote_error` maps that name back to the class
+above (or the built-in) of that name, so ``except tg.ShapeError`` works on the page too.
+"""
 
 from __future__ import annotations
 
+import builtins
 import os
 import sys
 import sysconfig
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["ERRORS", "AbortError", "DeviceLimitError", "DeviceLostError", "PlanError",
+           "RemoteError", "ShaderCompileError", "ShapeError", "TraceError", "error_class",
+           "remote_error", "user_call_site"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # Frames from the standard library (asyncio's event loop, ...) are never the user's line;
@@ -30,6 +48,8 @@ def user_call_site(limit: int = 3) -> str:
     return "\n".join(lines)
 
 
+# ---- building a graph ----------------------------------------------------------------------
+
 class ShapeError(ValueError):
     """A shape, dtype or argument mistake found while tracing.
 
@@ -45,5 +65,96 @@ class ShapeError(ValueError):
         super().__init__(text)
 
 
+class DeviceLimitError(ShapeError):
+    """A tensor (or a kernel's bindings) does not fit the device's limits."""
+
+
 class TraceError(RuntimeError):
     """Misuse of the tracer: an op outside a trace, nested traces, duplicate names."""
+
+
+class ShaderCompileError(RuntimeError):
+    """A kernel's WGSL failed validation. The message names the kernel (the op) and shows
+    the WGSL with line numbers and the shader compiler's messages."""
+
+    def __init__(self, label: str, wgsl: str, messages: Sequence[str]):
+        numbered = "\n".join(f"{i + 1:4d} | {line}" for i, line in enumerate(wgsl.splitlines()))
+        text = "\n".join(messages) if messages else "(no messages from the compiler)"
+        super().__init__(f"WGSL for kernel '{label}' failed to compile:\n{text}\n{numbered}")
+        self.label = label
+        self.wgsl = wgsl
+        self.messages = list(messages)
+
+
+class PlanError(RuntimeError):
+    """An internal inconsistency in a buffer plan (lifetime overlap, bad writeback)."""
+
+
+# ---- running it ----------------------------------------------------------------------------
+
+class AbortError(Exception):
+    """The graph was replaced or destroyed while a call was pending (``step``/``run`` return
+    ``Aborted()`` for it). The name is the one the page's JS client also uses."""
+
+
+class DeviceLostError(RuntimeError):
+    """The GPU device was lost (driver reset, ``device.destroy()``, a crash): every later call
+    on its graphs fails with this; start a new session (or device) to go on."""
+
+
+# ---- across the worker boundary ------------------------------------------------------------
+
+class RemoteError(Exception):
+    """An exception raised in the worker (or by the JS client): the worker's exception type
+    ``name``, its ``message`` (``str(err)``) and its formatted ``remote_traceback``.
+
+    Where ``name`` is a built-in exception or one of tensorgrad's, the instance also derives
+    from that class (``except ValueError`` and ``isinstance(err, tg.ShapeError)`` work)."""
+
+    def __init__(self, name: str, message: str, remote_traceback: str = "") -> None:
+        Exception.__init__(self, message)  # not super(): the mixed-in class's __init__ differs
+        self.name = name
+        self.message = message
+        self.remote_traceback = remote_traceback
+        if remote_traceback:
+            self.add_note(f"in tensorgrad's worker:\n{remote_traceback.rstrip()}")
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"RemoteError({self.name}: {self.message!r})"
+
+    def __reduce__(self) -> Any:
+        return remote_error, (self.name, self.message, self.remote_traceback)
+
+
+ERRORS: dict[str, type[Exception]] = {cls.__name__: cls for cls in (
+    ShapeError, DeviceLimitError, TraceError, ShaderCompileError, PlanError, AbortError,
+    DeviceLostError, RemoteError)}
+_REMOTE_CLASSES: dict[str, type[RemoteError]] = {}
+
+
+def error_class(name: str) -> type[Exception] | None:
+    """The tensorgrad or built-in exception class called `name`, if any."""
+    cls = ERRORS.get(name) or getattr(builtins, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, Exception) else None
+
+
+def remote_error(name: str, message: str, remote_traceback: str = "") -> RemoteError:
+    """A :class:`RemoteError` for the worker's exception `name` (mixed with the local class of
+    that name when there is one)."""
+    cls = _REMOTE_CLASSES.get(name)
+    if cls is None:
+        base = error_class(name) if name.isidentifier() else None
+        cls = RemoteError
+        if base is not None and not issubclass(RemoteError, base):
+            try:
+                cls = type(name, (RemoteError, base), {"__module__": __name__})
+            except TypeError:  # an incompatible instance layout
+                cls = RemoteError
+        _REMOTE_CLASSES[name] = cls
+    try:
+        return cls(name, message, remote_traceback)
+    except Exception:  # noqa: BLE001 (a base class that refuses these arguments)
+        return RemoteError(name, message, remote_traceback)

@@ -1,7 +1,7 @@
 """Param initializers (plain, serializable data) and the seeded generator that realizes them.
 
-Specs: :func:`randn`, :func:`kaiming`, :func:`zeros`, :func:`ones`, :func:`literal`. Each is a
-frozen dataclass with ``to_dict()`` / :func:`from_dict`, so it can cross a worker boundary.
+Specs: :func:`randn`, :func:`kaiming`, :func:`zeros`, :func:`ones`, :func:`literal` (frozen
+dataclasses). A :class:`ParamSpec` is a named param: shape, dtype, init spec, decay, fan-in.
 
 Values come from one Mulberry32 stream (seeded with the trace seed) consumed in param order:
 ``randn``/``kaiming`` take two uniforms per element (Box–Muller, cosine branch, ``u1`` clamped
@@ -20,12 +20,9 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import ShapeError
-
-if TYPE_CHECKING:
-    from .module import ParamSpec
 
 __all__ = [
     "InitSpec",
@@ -33,11 +30,11 @@ __all__ = [
     "Literal",
     "Mulberry32",
     "Ones",
+    "ParamSpec",
     "Randn",
     "Zeros",
     "default_decay",
     "default_fan_in",
-    "from_dict",
     "generate",
     "init_params",
     "kaiming",
@@ -62,8 +59,6 @@ class Randn:
     scale: float = 0.02
     kind = "randn"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "randn", "scale": self.scale}
 
 
 @dataclass(frozen=True)
@@ -73,24 +68,18 @@ class Kaiming:
     gain: float = math.sqrt(2.0)
     kind = "kaiming"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "kaiming", "gain": self.gain}
 
 
 @dataclass(frozen=True)
 class Zeros:
     kind = "zeros"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "zeros"}
 
 
 @dataclass(frozen=True)
 class Ones:
     kind = "ones"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "ones"}
 
 
 @dataclass(frozen=True)
@@ -100,12 +89,26 @@ class Literal:
     values: tuple[float, ...]
     kind = "literal"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "literal", "values": list(self.values)}
 
 
 InitSpec = Randn | Kaiming | Zeros | Ones | Literal
 DEFAULT = Randn()  # the init of a param declared without one
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A named param: shape, dtype, init spec, weight-decay flag and fan-in. Plain data."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "f32"
+    init: InitSpec = DEFAULT
+    decay: bool = True
+    fan_in: int = 1
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
 
 
 def randn(scale: float = 0.02) -> Randn:
@@ -139,25 +142,6 @@ def _flatten(values: Any) -> Iterable[Any]:
             yield from _flatten(v)
         else:
             yield v
-
-
-_KINDS = {"randn": Randn, "kaiming": Kaiming, "zeros": Zeros, "ones": Ones,
-          "literal": Literal}
-
-
-def from_dict(data: Mapping[str, Any]) -> InitSpec:
-    """The spec that `spec.to_dict()` describes."""
-    kind = data.get("kind")
-    if kind not in _KINDS:
-        raise ValueError(f"init.from_dict: unknown init kind {kind!r} "
-                         f"(known: {', '.join(_KINDS)})")
-    if kind == "randn":
-        return Randn(float(data.get("scale", 0.02)))
-    if kind == "kaiming":
-        return Kaiming(float(data.get("gain", math.sqrt(2.0))))
-    if kind == "literal":
-        return Literal(tuple(float(v) for v in data["values"]))
-    return _KINDS[kind]()
 
 
 def default_decay(spec: InitSpec) -> bool:

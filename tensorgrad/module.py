@@ -16,13 +16,13 @@ a ``param`` leaf tensor where each placeholder was, on the clone only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from math import prod
 from typing import Any
 
 from . import init as _init
 from .errors import ShapeError, TraceError, user_call_site
+from .init import ParamSpec
 from .tensor import Tensor, is_tracing, leaf
 
 __all__ = ["Module", "Param", "ParamSpec", "materialize"]
@@ -54,32 +54,6 @@ class Param:
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _misuse
     __truediv__ = __rtruediv__ = __matmul__ = __rmatmul__ = __neg__ = _misuse
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """A named param: shape, dtype, init spec, weight-decay flag and fan-in. Plain data."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str = "f32"
-    init: _init.InitSpec = _init.DEFAULT
-    decay: bool = True
-    fan_in: int = 1
-
-    @property
-    def size(self) -> int:
-        return prod(self.shape)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
-                "init": self.init.to_dict(), "decay": self.decay, "fan_in": self.fan_in}
-
-    @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> ParamSpec:
-        return ParamSpec(str(data["name"]), tuple(int(d) for d in data["shape"]),
-                         str(data.get("dtype", "f32")), _init.from_dict(data["init"]),
-                         bool(data["decay"]), int(data.get("fan_in", 1)))
 
 
 class Module:

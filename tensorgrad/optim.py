@@ -236,20 +236,10 @@ class OptimizerPlan:
             lr = config_or_lr
         return host_scalars(self.config, t, lr=lr, names=self.scalar_inputs)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config.to_dict(),
-                "writebacks": [list(wb) for wb in self.writebacks],
-                "scalar_inputs": list(self.scalar_inputs), "states": list(self.states),
-                "decayed": list(self.decayed), "normalized": list(self.normalized),
-                "params": list(self.params)}
-
-    @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> OptimizerPlan:
-        return OptimizerPlan(from_dict(data["config"]),
-                             tuple(Writeback(*wb) for wb in data["writebacks"]),
-                             tuple(data["scalar_inputs"]), tuple(data["states"]),
-                             tuple(data["decayed"]), tuple(data["normalized"]),
-                             tuple(data["params"]))
+    def renumbered(self, remap: Mapping[int, int]) -> OptimizerPlan:
+        """The same plan with writeback sources re-pointed through `remap` (old id → new)."""
+        return replace(self, writebacks=tuple(wb._replace(source=remap[wb.source])
+                                              for wb in self.writebacks))
 
     def __str__(self) -> str:
         head = (f"optimizer {self.config.kind}: {len(self.params)} params, hidden inputs "

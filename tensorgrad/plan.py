@@ -20,20 +20,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from .errors import ShapeError
+from .errors import DeviceLimitError, PlanError
 from .gpu.interface import DeviceLimits
 from .ir import LEAF_OPS, Graph, Node, Shape
 
 BUFFER_KINDS = ("param", "param_grad", "input", "state", "intermediate", "output", "capture")
 _LEAF_KIND = {"param": "param", "input": "input", "state": "state"}
-
-
-class DeviceLimitError(ShapeError):
-    """A tensor does not fit the device's buffer limits."""
-
-
-class PlanError(RuntimeError):
-    """An internal inconsistency in a plan (lifetime overlap, bad writeback)."""
 
 
 @dataclass(frozen=True)
@@ -281,5 +273,5 @@ def check_plan(graph: Graph, plan: BufferPlan) -> None:
             raise PlanError(f"%{node.id} ({node.op}) would read and write buffer #{out}")
 
 
-__all__ = ["BUFFER_KINDS", "BufferPlan", "BufferSpec", "DeviceLimitError", "PlanError",
+__all__ = ["BUFFER_KINDS", "BufferPlan", "BufferSpec",
            "ResolvedWriteback", "check_limits", "check_plan", "plan_buffers"]

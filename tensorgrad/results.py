@@ -12,10 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 
-class AbortedError(Exception):
-    """The graph was replaced or destroyed while a call was pending."""
-
-
 class Captures(dict):
     """Captured tensors of one step or run, by name: {name: array}."""
 

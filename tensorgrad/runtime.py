@@ -1,8 +1,10 @@
-"""A compiled graph on a device: buffers, pipelines, one dispatch program, step execution.
+"""Compiled graphs on a device: params, buffers, pipelines, one dispatch program per graph.
 
 An :class:`Executable` is built once (pipelines and bind groups made at compile) and run
 many times; each run is one `device.execute` call: write inputs, run the chunked program
-(dispatches then writebacks), read back the output and captures.
+(dispatches then writebacks), read back the output and captures. Params live in a
+:class:`ParamStore` (one GPU buffer per param) that a training graph and every forward graph
+attached to it bind, so they share weights without copies.
 """
 
 from __future__ import annotations
@@ -12,20 +14,76 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .codegen.kernel import Kernel, Target, dispatch_size
-from .errors import ShapeError
+from .codegen.kernel import Kernel, dispatch_size
+from .errors import AbortError, ShapeError
 from .gpu.interface import Copy, Dispatch, GPUDevice
 from .hostdata import from_bytes, to_bytes
+from .init import ParamSpec, init_params
 from .ir import Graph
-from .results import AbortedError
-
-SOFTWARE_ADAPTERS = ("swiftshader", "llvmpipe", "lavapipe", "software", "cpu")
 
 
-def target_for(device: GPUDevice) -> Target:
-    """Code-generation target for `device` (barrier-heavy tiles off on CPU emulation)."""
-    desc = (getattr(device, "description", "") or "").lower()
-    return Target(limits=device.limits, prefer_tiled=not any(s in desc for s in SOFTWARE_ADAPTERS))
+class ParamStore:
+    """One GPU buffer per param, shared by every graph compiled against these params."""
+
+    def __init__(self, device: GPUDevice, specs: Mapping[str, ParamSpec], seed: int):
+        self.device = device
+        self.specs = dict(specs)
+        self.seed = seed
+        self.buffers = {name: device.create_buffer(max(4, 4 * s.size), name)
+                        for name, s in self.specs.items()}
+        self.reset()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.specs)
+
+    def reset(self) -> None:
+        """Regenerate the initial values from the specs and the seed."""
+        for name, values in init_params(self.specs, self.seed).items():
+            self.device.write_buffer(self.buffers[name], memoryview(values).cast("B"))
+
+    def upload(self, params: Mapping[str, Any], partial: bool = False) -> None:
+        """Write {name: array}; strict unless `partial`. Everything is checked first."""
+        unknown = sorted(set(params) - set(self.specs))
+        if unknown:
+            raise KeyError(f"upload_params: unknown param(s) {unknown}; the model has "
+                           f"{self.names}")
+        missing = [n for n in self.specs if n not in params]
+        if missing and not partial:
+            raise KeyError(f"upload_params: missing param(s) {missing} (pass partial=True "
+                           "to upload a subset)")
+        data = {n: to_bytes(f"upload_params '{n}'", v, self.specs[n].shape, self.specs[n].dtype)
+                for n, v in params.items()}
+        for name, view in data.items():
+            self.device.write_buffer(self.buffers[name], view)
+
+    async def download(self) -> dict[str, Any]:
+        names = self.names
+        data = await self.device.read_buffers(
+            [(self.buffers[n], max(4, 4 * self.specs[n].size)) for n in names])
+        return {n: from_bytes(d, self.specs[n].shape, self.specs[n].dtype)
+                for n, d in zip(names, data)}
+
+    def destroy(self) -> None:
+        for buf in self.buffers.values():
+            self.device.destroy_buffer(buf)
+        self.buffers = {}
+
+
+def shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int, Any]:
+    """{buffer index of each param of `graph`: the store's buffer}; ShapeError when the graph
+    uses a param the store does not have, or with another shape."""
+    shared = {}
+    for name, node in graph.params.items():
+        if name not in store.buffers:
+            raise ShapeError("attach", f"the forward uses param '{name}', which the model "
+                             f"does not have ({store.names})")
+        spec = store.specs[name]
+        if spec.shape != node.shape:
+            raise ShapeError("attach", f"param '{name}' has shape {list(spec.shape)} in the "
+                             f"model but {list(node.shape)} in the forward")
+        shared[plan.node_buffer[node.id]] = store.buffers[name]
+    return shared
 
 
 class PipelineCache:
@@ -40,6 +98,17 @@ class PipelineCache:
         if k is None:
             k = self.kernels[wgsl] = self.device.create_kernel(wgsl, label)
         return k
+
+
+_pipeline_caches: dict[int, PipelineCache] = {}
+
+
+def pipeline_cache(device: GPUDevice) -> PipelineCache:
+    """The pipeline cache of `device` (one per device, for the life of the process)."""
+    cache = _pipeline_caches.get(id(device))
+    if cache is None or cache.device is not device:
+        cache = _pipeline_caches[id(device)] = PipelineCache(device)
+    return cache
 
 
 @dataclass
@@ -95,7 +164,7 @@ class Executable:
         reads += [(self.buffer_of(i), max(4, self.graph[i].nbytes)) for _, i in captures]
         async with self.lock:
             if self.destroyed:
-                raise AbortedError("graph destroyed")
+                raise AbortError("graph destroyed")
             data = await self.device.execute(self.program, writes, reads)
         out = from_bytes(data[0], out_node.shape, out_node.dtype)
         caps = {name: from_bytes(d, self.graph[i].shape, self.graph[i].dtype)

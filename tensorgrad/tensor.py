@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,23 +61,6 @@ def is_tracing() -> bool:
     return _state is not None
 
 
-def record(op: str, inputs: Sequence[Tensor], **attrs: Any) -> Tensor:
-    """Append one op node, checking shapes/dtypes with the op's rule; returns its tensor."""
-    from .ops.registry import OPS
-
-    state = current_trace(op)
-    for t in inputs:
-        if not isinstance(t, Tensor):
-            raise ShapeError(op, f"expected a Tensor input, got {type(t).__name__}")
-        if t.graph is not state.graph:
-            raise TraceError(f"'{op}' got a tensor from another trace (tensors do not outlive "
-                             "the trace that made them)")
-    nodes = [state.graph[t.id] for t in inputs]
-    shape, dtype = OPS[op].infer(nodes, attrs)
-    node = state.graph.add(op, tuple(t.id for t in inputs), attrs, shape, dtype, user_call_site())
-    return Tensor(state.graph, node.id)
-
-
 def leaf(op: str, name: str, shape: Sequence[int], dtype: str = "f32", **attrs: Any) -> Tensor:
     """A named leaf: 'param' or 'input' (one namespace) or 'state' (its own namespace)."""
     state = current_trace(op)
@@ -108,6 +91,20 @@ def next_salt() -> int:
     salt = state.stochastic_count
     state.stochastic_count += 1
     return salt
+
+
+# Python operator -> op function; filled by tensorgrad.ops (the op functions live above this
+# module, so it cannot import them).
+OPERATORS: dict[str, Callable[..., Tensor]] = {}
+
+
+def _operator(name: str, reflected: bool = False) -> Callable[[Tensor, Any], Tensor]:
+    def method(self: Tensor, other: Any) -> Tensor:
+        fn = OPERATORS[name]
+        return fn(other, self) if reflected else fn(self, other)
+
+    method.__name__ = f"__{'r' if reflected else ''}{name}__"
+    return method
 
 
 class Tensor:
@@ -155,68 +152,20 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    # Python operators, delegated to the op functions.
-    def __add__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.add(self, other)
-
-    def __radd__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.add(other, self)
-
-    def __sub__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.sub(self, other)
-
-    def __rsub__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.sub(other, self)
-
-    def __mul__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.mul(self, other)
-
-    def __rmul__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.mul(other, self)
-
-    def __truediv__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.div(self, other)
-
-    def __rtruediv__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.div(other, self)
-
-    def __matmul__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.matmul(self, other)
-
-    def __rmatmul__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.matmul(other, self)
+    # Python operators: the op functions of tensorgrad.ops (which fill OPERATORS on import).
+    __add__ = _operator("add")
+    __radd__ = _operator("add", reflected=True)
+    __sub__ = _operator("sub")
+    __rsub__ = _operator("sub", reflected=True)
+    __mul__ = _operator("mul")
+    __rmul__ = _operator("mul", reflected=True)
+    __truediv__ = _operator("div")
+    __rtruediv__ = _operator("div", reflected=True)
+    __matmul__ = _operator("matmul")
+    __rmatmul__ = _operator("matmul", reflected=True)
+    __lt__ = _operator("less")
+    __gt__ = _operator("greater")
+    __pow__ = _operator("pow")
 
     def __neg__(self) -> Tensor:
-        from . import ops
-        return ops.neg(self)
-
-    def __lt__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.less(self, other)
-
-    def __gt__(self, other: Any) -> Tensor:
-        from . import ops
-        return ops.greater(self, other)
-
-    def __pow__(self, exponent: Any) -> Tensor:
-        from . import ops
-        if exponent == 2:
-            return ops.square(self)
-        if exponent == 1:
-            return self
-        if exponent == 0.5:
-            return ops.sqrt(self)
-        if exponent == -0.5:
-            return ops.rsqrt(self)
-        raise ShapeError("pow", f"only the exponents 2, 1, 0.5 and -0.5 are supported, "
-                         f"got {exponent!r}")
+        return OPERATORS["neg"](self)

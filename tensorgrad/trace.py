@@ -1,33 +1,31 @@
-"""Tracing entry points: a model plus a loss (or forward) function → an IR graph.
+"""The trace stage: a model plus a loss (or forward) function → the IR graph it computes.
 
-``trace(model, loss, inputs, seed)`` records the forward graph on a clone of `model`, appends
-the backward graph and removes dead code, giving a :class:`TrainingTrace`.
-``trace_forward(model, forward, inputs)`` gives a :class:`ForwardTrace` (no gradients).
+:func:`trace_graph` records ``fn(model, **inputs)`` on a clone of `model` with one symbolic
+tensor per declared input, and returns the :class:`TracedGraph` — nothing more (autograd,
+passes and the rest are later stages of :mod:`tensorgrad.compiler`).
 
 Input declarations: ``{name: shape}`` (f32) or ``{name: (shape, "i32")}`` (or
 ``{"shape": ..., "dtype": ...}``). Forward declarations may leave one dim per input as None;
-:func:`resolve_shapes` fixes it from the data before tracing. The functions are called as
-``loss(model, **inputs)`` with one symbolic Tensor per declared input.
+:func:`resolve_shapes` fixes it from the data before tracing.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from math import prod
 from typing import Any
 
 from . import init as _init
-from .autograd import append_grad
 from .errors import ShapeError, TraceError
+from .init import ParamSpec
 from .ir import Graph
-from .module import Module, ParamSpec, materialize
-from .passes.dce import eliminate_dead_code
+from .module import Module, materialize
 from .tensor import Tensor, leaf, tracing
 
-__all__ = ["ForwardTrace", "InputDecl", "TrainingTrace", "normalize_inputs", "resolve_shapes",
-           "trace", "trace_forward"]
+__all__ = ["InputDecl", "TracedGraph", "check_seed", "normalize_inputs", "resolve_shapes",
+           "trace_graph"]
 
 INPUT_DTYPES = ("f32", "i32")
 
@@ -44,68 +42,16 @@ class InputDecl:
     def concrete(self) -> bool:
         return None not in self.shape
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
-
-
-class _ParamsView:
-    """Param accessors shared by the trace records."""
-
-    params: dict[str, ParamSpec]
-
-    @property
-    def param_names(self) -> list[str]:
-        return list(self.params)
-
-    @property
-    def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {k: p.shape for k, p in self.params.items()}
-
 
 @dataclass
-class TrainingTrace(_ParamsView):
-    """A traced training step: forward + backward graph (after DCE), before the optimizer.
-
-    graph: the IR; loss: the loss node id; grads: {param name: gradient node id} (f32
-    params); params: {name: ParamSpec} (shape, dtype, init spec, decay flag, fan-in) in
-    param order; inputs: {name: InputDecl} in declaration order; seed: the init seed."""
-
-    graph: Graph
-    loss: int
-    grads: dict[str, int]
-    params: dict[str, ParamSpec]
-    inputs: dict[str, InputDecl]
-    seed: int
-
-    @property
-    def decay(self) -> dict[str, bool]:
-        return {k: p.decay for k, p in self.params.items()}
-
-    def init_params(self, seed: int | None = None) -> dict[str, Any]:
-        """Initial param values ({name: flat array}) from `seed` (default: the trace seed)."""
-        return _init.init_params(self.params, self.seed if seed is None else seed)
-
-
-@dataclass
-class ForwardTrace(_ParamsView):
-    """A traced forward pass (after DCE): graph, output node id, params and inputs."""
+class TracedGraph:
+    """What tracing records: the graph (its `outputs` = [output]), the output node id, the
+    params ({name: ParamSpec}, in param order) and the inputs ({name: InputDecl})."""
 
     graph: Graph
     output: int
     params: dict[str, ParamSpec]
     inputs: dict[str, InputDecl]
-    grads: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def output_shape(self) -> tuple[int, ...]:
-        return self.graph[self.output].shape
-
-    @property
-    def output_dtype(self) -> str:
-        return self.graph[self.output].dtype
-
-    def init_params(self, seed: int) -> dict[str, Any]:
-        return _init.init_params(self.params, seed)
 
 
 # ---- input declarations ----------------------------------------------------------------
@@ -263,7 +209,8 @@ def _run(model: Module, fn: Callable[..., Any], decls: dict[str, InputDecl], wha
     return result, specs
 
 
-def _seed(seed: int | None) -> int:
+def check_seed(seed: int | None) -> int:
+    """A 32-bit init seed: `seed` masked to 32 bits, or a random one for None."""
     if seed is None:
         return _init.random_seed()
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -271,33 +218,15 @@ def _seed(seed: int | None) -> int:
     return seed & _init.MASK32
 
 
-def trace(model: Module, loss: Callable[..., Tensor], inputs: Mapping[str, Any],
-          seed: int | None = None) -> TrainingTrace:
-    """Trace `loss(model, **inputs)` → forward + backward graph (after dead-code elimination).
+def trace_graph(model: Module, fn: Callable[..., Tensor], inputs: Mapping[str, Any],
+                what: str = "loss") -> TracedGraph:
+    """Trace ``fn(model, **inputs)`` (`what`: "loss" or "forward", for messages).
 
-    The loss must be a 0-d f32 tensor. All input dims must be concrete. `seed` (32-bit; random
-    by default) seeds the param init stream."""
-    decls = normalize_inputs(inputs, wildcards=False, op="trace")
-    seed = _seed(seed)
+    Every input dim must be concrete (resolve None dims with :func:`resolve_shapes` first)."""
+    op = "trace" if what == "loss" else "trace_forward"
+    decls = normalize_inputs(inputs, wildcards=False, op=op)
     graph = Graph()
     with tracing(graph):
-        out, specs = _run(model, loss, decls, "loss", graph)
+        out, specs = _run(model, fn, decls, what, graph)
     graph.outputs = [out.id]
-    grads = append_grad(graph, out.id)  # checks that the loss is a 0-d f32 tensor
-    graph, remap = eliminate_dead_code(graph, [out.id, *grads.values()])
-    return TrainingTrace(graph, remap[out.id], {k: remap[v] for k, v in grads.items()}, specs,
-                         decls, seed)
-
-
-def trace_forward(model: Module, forward: Callable[..., Tensor],
-                  inputs: Mapping[str, Any]) -> ForwardTrace:
-    """Trace `forward(model, **inputs)` → forward graph (after dead-code elimination).
-
-    Input dims must be concrete (resolve None dims with :func:`resolve_shapes` first)."""
-    decls = normalize_inputs(inputs, wildcards=False, op="trace_forward")
-    graph = Graph()
-    with tracing(graph):
-        out, specs = _run(model, forward, decls, "forward", graph)
-    graph.outputs = [out.id]
-    graph, remap = eliminate_dead_code(graph, [out.id])
-    return ForwardTrace(graph, remap[out.id], specs, decls)
+    return TracedGraph(graph, out.id, specs, decls)

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import array
 import asyncio
-import builtins
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Self
 
+from .errors import RemoteError, remote_error
 from .hostdata import from_bytes, numpy_or_none
 from .results import Aborted, Captures, Completed, Failed, Result
 from .web import flat_buffer, from_js, in_pyodide, plain
@@ -50,65 +50,6 @@ PostCallback = Callable[[Any], Any]
 # JS typed-array element formats → tensorgrad dtypes (what the worker's buffers hold).
 _DTYPE_OF_FORMAT = {"f": "f32", "i": "i32", "l": "i32", "I": "bool", "L": "bool"}
 _FORMAT_OF_DTYPE = {"f32": "f", "i32": "i", "bool": "I"}
-
-
-# -- errors -----------------------------------------------------------------------------------
-class RemoteError(Exception):
-    """An exception raised in the worker (or by the JS client): the worker's exception type
-    ``name``, its ``message`` (``str(err)``) and its formatted ``remote_traceback``.
-
-    Where ``name`` is a built-in exception or one of tensorgrad's, the instance also derives
-    from that class (``except ValueError`` and ``isinstance(err, tg.ShapeError)`` work)."""
-
-    def __init__(self, name: str, message: str, remote_traceback: str = "") -> None:
-        Exception.__init__(self, message)  # not super(): the mixed-in class's __init__ differs
-        self.name = name
-        self.message = message
-        self.remote_traceback = remote_traceback
-        if remote_traceback:
-            self.add_note(f"in tensorgrad's worker:\n{remote_traceback.rstrip()}")
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __repr__(self) -> str:
-        return f"RemoteError({self.name}: {self.message!r})"
-
-    def __reduce__(self) -> Any:
-        return remote_error, (self.name, self.message, self.remote_traceback)
-
-
-_ERROR_CLASSES: dict[str, type[RemoteError]] = {}
-
-
-def _known_exception(name: str) -> type[Exception] | None:
-    """The built-in or tensorgrad exception class called `name`, if any."""
-    from . import errors, gpu, results
-
-    for namespace in (builtins, errors, gpu, results):
-        cls = getattr(namespace, name, None)
-        if isinstance(cls, type) and issubclass(cls, Exception):
-            return cls
-    return None
-
-
-def remote_error(name: str, message: str, remote_traceback: str = "") -> RemoteError:
-    """A :class:`RemoteError` for the worker's exception `name` (mixed with the local class of
-    that name when there is one)."""
-    cls = _ERROR_CLASSES.get(name)
-    if cls is None:
-        base = _known_exception(name) if name.isidentifier() else None
-        cls = RemoteError
-        if base is not None and not issubclass(RemoteError, base):
-            try:
-                cls = type(name, (RemoteError, base), {"__module__": __name__})
-            except TypeError:  # an incompatible instance layout
-                cls = RemoteError
-        _ERROR_CLASSES[name] = cls
-    try:
-        return cls(name, message, remote_traceback)
-    except Exception:  # noqa: BLE001 (a base class that refuses these arguments)
-        return RemoteError(name, message, remote_traceback)
 
 
 def _text(value: Any) -> str:

@@ -26,9 +26,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import AbortError
 from .web import current_request, flat_buffer, from_js, in_pyodide, plain, to_js_value
 
-__all__ = ["HANDLERS", "Aborted", "Graph", "Session", "handle", "handler", "run_source"]
+__all__ = ["HANDLERS", "Graph", "Session", "handle", "handler", "run_source"]
 
 Handler = Callable[[Any, "Session"], Awaitable[Any]]
 HANDLERS: dict[str, Handler] = {}
@@ -42,10 +43,6 @@ def handler(kind: str) -> Callable[[Handler], Handler]:
         return fn
 
     return register
-
-
-class Aborted(Exception):
-    """The graph a request names is gone (destroyed); steps answer ``{kind: "aborted"}``."""
 
 
 @dataclass
@@ -72,10 +69,10 @@ class Session:
         return graph_id
 
     def graph(self, graph_id: Any) -> Graph:
-        """The live graph `graph_id`, else :class:`Aborted`."""
+        """The live graph `graph_id`, else :class:`~tensorgrad.errors.AbortError`."""
         graph = self.graphs.get(int(graph_id))
         if graph is None or graph.destroyed:
-            raise Aborted(f"graph {graph_id} does not exist (destroyed?)")
+            raise AbortError(f"graph {graph_id} does not exist (destroyed?)")
         return graph
 
     def evaluate(self, source: Any) -> Any:
@@ -89,7 +86,7 @@ SESSION = Session()
 # -- the loop ---------------------------------------------------------------------------------
 def error_info(exc: BaseException) -> dict[str, str]:
     """``{name, message, traceback}`` of an exception, the full formatted traceback included."""
-    name = "AbortError" if isinstance(exc, Aborted) else type(exc).__name__
+    name = type(exc).__name__
     return {"name": name, "message": str(exc),
             "traceback": "".join(traceback.format_exception(exc))}
 
@@ -290,9 +287,9 @@ async def _step_or_run(payload: Any, session: Session, method: str, output: str
         graph = session.graph(payload["graphId"])
         async with graph.lock:
             if graph.destroyed:
-                raise Aborted(f"graph {payload['graphId']} was destroyed")
+                raise AbortError(f"graph {payload['graphId']} was destroyed")
             res = await getattr(graph.obj, method)(**(payload.get("inputs") or {}))
-    except Aborted:
+    except AbortError:
         return {"kind": "aborted"}
     return _result(res, output)
 

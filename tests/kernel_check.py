@@ -10,6 +10,7 @@ import numpy as np
 from tensorgrad.codegen.kernel import Target, dispatch_size, emit_node
 from tensorgrad.gpu.interface import Dispatch, GPUDevice
 from tensorgrad.ir import LEAF_OPS, Graph, Node
+from tensorgrad.ops import OPS
 from tensorgrad.reference import evaluate
 from tests.harness import Case, build
 
@@ -30,7 +31,7 @@ async def run_node(device: GPUDevice, graph: Graph, node: Node, values: list[Any
                    target: Target | None = None) -> np.ndarray:
     """Dispatch `node`'s kernel once with the given input values; return its output."""
     target = target or Target(limits=device.limits)
-    kernel = emit_node(graph, node, target)
+    kernel = emit_node(graph, node, target, OPS)
     buffers = []
     for i in node.inputs:
         inp = graph[i]

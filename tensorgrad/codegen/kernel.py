@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from math import ceil
+from typing import Protocol
 
-from ..gpu.interface import DeviceLimits
+from ..gpu.interface import AdapterInfo, DeviceLimits
 from ..ir import LEAF_OPS, Graph, Node
 
 MAX_GROUPS_X = 65_535
@@ -29,8 +31,14 @@ class Target:
     """What the code generator knows about the device it emits for."""
 
     limits: DeviceLimits = field(default_factory=DeviceLimits)
-    # Shared-memory tiles with barriers are slow on CPU-emulated GPUs (SwiftShader, lavapipe).
-    prefer_tiled: bool = True
+    # A CPU-emulated GPU (SwiftShader, lavapipe): shared-memory tiles with barriers are slow.
+    software: bool = False
+    features: frozenset[str] = frozenset()  # optional WebGPU features the device has
+
+    @staticmethod
+    def for_device(limits: DeviceLimits, info: AdapterInfo) -> Target:
+        """The target of a device, from what it reports about itself."""
+        return Target(limits=limits, software=info.software, features=info.features)
 
 
 @dataclass(frozen=True)
@@ -48,23 +56,29 @@ def dispatch_size(threads: int, workgroup_size: int) -> tuple[int, int, int]:
     return (MAX_GROUPS_X, ceil(groups / MAX_GROUPS_X), 1)
 
 
-def emit_node(graph: Graph, node: Node, target: Target) -> Kernel:
-    """The kernel for one node (an empty kernel for leaves)."""
-    from ..ops.registry import OPS
+class HasEmitter(Protocol):
+    """An op-table entry as code generation sees it: its kernel emitter (None: none)."""
 
+    @property
+    def emit(self) -> Callable[[EmitContext], Kernel] | None: ...
+
+
+def emit_node(graph: Graph, node: Node, target: Target, ops: Mapping[str, HasEmitter]
+              ) -> Kernel:
+    """The kernel for one node (an empty kernel for leaves), from its op's emitter in `ops`
+    (the op table, handed in by the caller: code generation does not import the ops)."""
     if node.op in LEAF_OPS:
         return Kernel("", 0, label=node.describe())
-    opdef = OPS[node.op]
-    if opdef.emit is None:
+    emit = ops[node.op].emit
+    if emit is None:
         raise NotImplementedError(f"op '{node.op}' has no WGSL emitter")
-    ctx = EmitContext(node, tuple(graph[i] for i in node.inputs), target)
-    kernel = opdef.emit(ctx)
+    kernel = emit(EmitContext(node, tuple(graph[i] for i in node.inputs), target))
     return Kernel(kernel.wgsl, kernel.threads, kernel.workgroup_size, node.describe())
 
 
-def emit_graph(graph: Graph, target: Target) -> list[Kernel]:
+def emit_graph(graph: Graph, target: Target, ops: Mapping[str, HasEmitter]) -> list[Kernel]:
     """One kernel per node, in graph order. TENSORGRAD_DUMP_WGSL=1 prints each kernel."""
-    kernels = [emit_node(graph, n, target) for n in graph.nodes]
+    kernels = [emit_node(graph, n, target, ops) for n in graph.nodes]
     if os.environ.get("TENSORGRAD_DUMP_WGSL"):
         for k in kernels:
             if k.wgsl:

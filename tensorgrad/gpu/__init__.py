@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from .interface import Copy, DeviceLimits, Dispatch, GPUDevice, ShaderCompileError
+from .interface import Copy, DeviceLimits, Dispatch, GPUDevice
 
 __all__ = [
-    "Copy", "DeviceLimits", "Dispatch", "GPUDevice", "ShaderCompileError",
+    "Copy", "DeviceLimits", "Dispatch", "GPUDevice",
     "in_pyodide", "request_device",
 ]
 

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .interface import BufferHandle, Copy, DeviceLimits, Dispatch, ShaderCompileError
+from ..errors import ShaderCompileError
+from .interface import WANTED_FEATURES, AdapterInfo, BufferHandle, Copy, DeviceLimits, Dispatch
 
 __all__ = ["BrowserDevice", "BrowserProgram", "request_browser_device"]
 
@@ -33,7 +34,7 @@ _HELPER_JS = r"""
   const USAGE = () => GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
   const align4 = (n) => (n + 3) & ~3;
 
-  async function requestDevice(limitNames) {
+  async function requestDevice(limitNames, wantedFeatures) {
     const gpu = globalThis.navigator?.gpu;
     if (!gpu) throw new Error("WebGPU is not available here (navigator.gpu is missing): use a " +
       "browser with WebGPU, served from https:// or http://127.0.0.1");
@@ -44,14 +45,24 @@ _HELPER_JS = r"""
                         "maxComputeWorkgroupSizeZ"]) {
       if (adapter.limits[name] !== undefined) requiredLimits[name] = adapter.limits[name];
     }
-    const device = await adapter.requestDevice({ label: "tensorgrad", requiredLimits });
+    const requiredFeatures = wantedFeatures.filter((f) => adapter.features.has(f));
+    let device;
+    try {
+      device = await adapter.requestDevice({ label: "tensorgrad", requiredLimits, requiredFeatures });
+    } catch (err) {  // an optional feature refused: go on without them
+      if (!requiredFeatures.length) throw err;
+      device = await adapter.requestDevice({ label: "tensorgrad", requiredLimits });
+    }
     const state = { device, adapter, lost: null, staging: [] };
     device.lost.then((info) => { state.lost = `${info.reason}: ${info.message}`; });
     const info = adapter.info ?? {};
     const limits = {};
     for (const name of limitNames) limits[name] = device.limits[name];
+    // Chromium's software adapter (SwiftShader) says so in its architecture.
+    const software = Boolean(info.isFallbackAdapter ?? adapter.isFallbackAdapter) ||
+      info.architecture === "swiftshader";
     return { state, limits, vendor: info.vendor ?? "", architecture: info.architecture ?? "",
-             description: info.description ?? "" };
+             description: info.description ?? "", software, features: [...device.features] };
   }
 
   function createBuffer(state, size, label) {
@@ -254,10 +265,12 @@ class BrowserKernel:
 class BrowserDevice:
     """:class:`~tensorgrad.gpu.interface.GPUDevice` over ``navigator.gpu`` (inside Pyodide)."""
 
-    def __init__(self, helper: Any, state: Any, limits: DeviceLimits, description: str):
+    def __init__(self, helper: Any, state: Any, limits: DeviceLimits, info: AdapterInfo,
+                 description: str):
         self._fns = {name: getattr(helper, name) for name in _JS_FUNCTIONS}
         self._state = state
         self.limits = limits
+        self.info = info
         self.description = description
         self.ffi_calls = 0  # every Python→JS crossing this adapter made
         self._unchecked: list[tuple[Any, str, str]] = []  # kernels validated at next execute
@@ -382,8 +395,11 @@ async def request_browser_device() -> BrowserDevice:
     from pyodide.ffi import to_js
 
     helper = _js_helper()
-    got = await helper.requestDevice(to_js(list(_LIMITS.values())))
+    got = await helper.requestDevice(to_js(list(_LIMITS.values())), to_js(list(WANTED_FEATURES)))
     limits = DeviceLimits(**{py: int(getattr(got.limits, js)) for py, js in _LIMITS.items()})
     parts = [got.vendor, got.architecture, got.description]
     description = " ".join(p for p in parts if p) or "WebGPU"
-    return BrowserDevice(helper, got.state, limits, f"{description} (browser)")
+    info = AdapterInfo(vendor=str(got.vendor), architecture=str(got.architecture),
+                       description=str(got.description), backend="browser",
+                       software=bool(got.software), features=frozenset(got.features.to_py()))
+    return BrowserDevice(helper, got.state, limits, info, f"{description} (browser)")

@@ -30,6 +30,27 @@ class DeviceLimits:
     max_compute_workgroup_storage_size: int = 16_384
 
 
+# Optional WebGPU features tensorgrad asks for when the adapter has them (standard names).
+WANTED_FEATURES = ("subgroups", "timestamp-query", "shader-f16")
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """What a device reports about itself, for code generation and logs.
+
+    `software`: a CPU implementation of the GPU (SwiftShader, lavapipe, WARP), where
+    shared-memory tiles with barriers are slow. `features`: the optional WebGPU features
+    enabled on the device, by their standard names (``"subgroups"``, ``"timestamp-query"``,
+    ``"shader-f16"``)."""
+
+    vendor: str = ""
+    architecture: str = ""
+    description: str = ""
+    backend: str = ""
+    software: bool = False
+    features: frozenset[str] = frozenset()
+
+
 @dataclass(frozen=True)
 class Dispatch:
     """One compute pass: `kernel` bound to `buffers` (binding i = buffers[i], group 0)."""
@@ -51,23 +72,11 @@ class Copy:
     dst_offset: int = 0
 
 
-class ShaderCompileError(RuntimeError):
-    """A kernel's WGSL failed validation. The message names the kernel (the op) and shows
-    the WGSL with line numbers and the shader compiler's messages."""
-
-    def __init__(self, label: str, wgsl: str, messages: Sequence[str]):
-        numbered = "\n".join(f"{i + 1:4d} | {line}" for i, line in enumerate(wgsl.splitlines()))
-        text = "\n".join(messages) if messages else "(no messages from the compiler)"
-        super().__init__(f"WGSL for kernel '{label}' failed to compile:\n{text}\n{numbered}")
-        self.label = label
-        self.wgsl = wgsl
-        self.messages = list(messages)
-
-
 class GPUDevice(Protocol):
     """One WebGPU device. All buffers have usage STORAGE | COPY_SRC | COPY_DST."""
 
     limits: DeviceLimits
+    info: AdapterInfo
     description: str  # adapter vendor / architecture, for logs and benchmarks
 
     def create_buffer(self, size: int, label: str = "") -> BufferHandle:

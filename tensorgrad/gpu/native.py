@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from .interface import Copy, DeviceLimits, Dispatch, ShaderCompileError
+from ..errors import ShaderCompileError
+from .interface import WANTED_FEATURES, AdapterInfo, Copy, DeviceLimits, Dispatch
 
 __all__ = [
     "NativeDevice", "NativeKernel", "NativeProgram", "configure_vulkan_driver",
@@ -48,6 +49,9 @@ _LAVAPIPE_ICD_GLOB = "lvp_icd*.json"
 # Adapter preference: a real GPU before a CPU rasteriser; Vulkan/Metal/D3D12 before OpenGL.
 _TYPE_RANK = {"discretegpu": 0, "integratedgpu": 1, "virtualgpu": 2, "unknown": 3, "cpu": 4}
 _BACKEND_RANK = {"vulkan": 0, "metal": 0, "d3d12": 0, "opengl": 2, "opengles": 2}
+# wgpu-native spells some features its own way.
+_NATIVE_FEATURE = {"subgroups": "subgroup"}
+_STANDARD_FEATURE = {v: k for k, v in _NATIVE_FEATURE.items()}
 
 
 # ----------------------------------------------------------------------------- environment
@@ -259,6 +263,11 @@ class NativeDevice:
         name = " ".join(str(p) for p in parts if p)
         self.description = (f"{self.backend} {wgpu.__version__}: {name} "
                             f"({info.get('backend_type', '?')}, {info.get('adapter_type', '?')})")
+        self.info = AdapterInfo(
+            vendor=str(info.get("vendor") or ""), architecture=str(info.get("architecture") or ""),
+            description=name, backend=str(info.get("backend_type") or ""),
+            software=_adapter_kind(info) == "cpu",
+            features=frozenset(_STANDARD_FEATURE.get(f, f) for f in device.features))
         usage = wgpu.BufferUsage
         self._storage_usage = usage.STORAGE | usage.COPY_SRC | usage.COPY_DST
         self._staging_usage = usage.MAP_READ | usage.COPY_DST
@@ -596,11 +605,21 @@ def _error_text(err: BaseException) -> str:
 # ----------------------------------------------------------------------------- request
 
 
+def _adapter_kind(info: Any) -> str:
+    """The adapter type wgpu reports, normalised: discretegpu, integratedgpu, cpu, ..."""
+    return str(_get(info, "adapter_type", "unknown")).lower().replace("_", "").replace(" ", "")
+
+
 def _rank(adapter: Any) -> tuple[int, int]:
-    info = adapter.info
-    kind = str(_get(info, "adapter_type", "unknown")).lower().replace("_", "").replace(" ", "")
-    backend = str(_get(info, "backend_type", "")).lower()
-    return _TYPE_RANK.get(kind, 3), _BACKEND_RANK.get(backend, 1)
+    backend = str(_get(adapter.info, "backend_type", "")).lower()
+    return _TYPE_RANK.get(_adapter_kind(adapter.info), 3), _BACKEND_RANK.get(backend, 1)
+
+
+def _wanted_features(adapter: Any) -> list[str]:
+    """The adapter's features among WANTED_FEATURES, by the names this wgpu-py uses."""
+    have = set(adapter.features)
+    return [name for want in WANTED_FEATURES
+            for name in dict.fromkeys((want, _NATIVE_FEATURE.get(want, want))) if name in have]
 
 
 async def _pick_adapter(wgpu: ModuleType) -> Any:
@@ -657,9 +676,16 @@ async def request_native_device(backend: str | None = None) -> NativeDevice:
     if adapter is None:
         raise RuntimeError(f"{wgpu.__name__}: no WebGPU adapter. Vulkan driver: {note}.")
     required = _required_limits(adapter.limits)
+    features = _wanted_features(adapter)
     try:
-        device = await adapter.request_device_async(label="tensorgrad",
-                                                    required_limits=required)
+        try:
+            device = await adapter.request_device_async(
+                label="tensorgrad", required_limits=required, required_features=features)
+        except Exception:
+            if not features:
+                raise
+            device = await adapter.request_device_async(label="tensorgrad",
+                                                        required_limits=required)
     except Exception as err:
         raise RuntimeError(f"{wgpu.__name__}: request_device failed on {dict(adapter.info)} "
                            f"with limits {required}: {_error_text(err)}") from err

@@ -1,10 +1,15 @@
 """The op set. Importing this package fills the op table (:mod:`.registry`): each family
-module defines its primitives and registers its public functions."""
+module defines its primitives and registers its public functions; the Python operators of
+:class:`~tensorgrad.tensor.Tensor` are bound to the op functions here."""
 
+from .. import tensor as _tensor
 from . import conv, index, linalg, nn, optim_ops, reduce, shape, stochastic  # noqa: F401
 from .broadcast import broadcast_to, sum_to_shape
 from .elementwise import *
+from .elementwise import power as _power
 from .registry import OPS, PUBLIC
 
 globals().update(PUBLIC)
+_tensor.OPERATORS.update(add=add, sub=sub, mul=mul, div=div, matmul=linalg.matmul,
+                         less=less, greater=greater, neg=neg, pow=_power)
 __all__ = ["OPS", "PUBLIC", "broadcast_to", "sum_to_shape", *sorted(PUBLIC)]  # noqa: PLE0604

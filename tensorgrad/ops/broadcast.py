@@ -11,8 +11,8 @@ import tensorgrad.codegen.wgsl as w
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import Node, Shape
-from ..tensor import Tensor, record
-from .registry import define
+from ..tensor import Tensor
+from .registry import define, record
 
 
 def _infer_broadcast_to(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:

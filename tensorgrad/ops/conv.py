@@ -16,8 +16,8 @@ import tensorgrad.codegen.wgsl as w
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import Node, Shape
-from ..tensor import Tensor, record
-from .registry import GRAD_ERROR, define, public
+from ..tensor import Tensor
+from .registry import GRAD_ERROR, define, public, record
 from .rules import require_dtype
 
 Pair = tuple[int, int]

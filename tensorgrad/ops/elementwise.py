@@ -10,9 +10,9 @@ import tensorgrad.codegen.wgsl as w
 
 from ..errors import ShapeError
 from ..ir import DTYPES, Node, Shape
-from ..tensor import Tensor, record
+from ..tensor import Tensor
 from .broadcast import broadcast_to, sum_to_shape
-from .registry import NO_GRAD, define, public
+from .registry import NO_GRAD, define, public, record
 from .rules import broadcast_shapes, check_dims, require_dtype, same_dtype
 
 TensorLike = Tensor | float | int
@@ -385,6 +385,20 @@ def stop_gradient(x: Tensor) -> Tensor:
 def square(x: Tensor) -> Tensor:
     """x * x."""
     return mul(x, x)
+
+
+def power(x: Tensor, exponent: Any) -> Tensor:
+    """``x ** exponent`` for the exponents with a dedicated op: 2, 1, 0.5 and -0.5."""
+    if exponent == 2:
+        return square(x)
+    if exponent == 1:
+        return x
+    if exponent == 0.5:
+        return sqrt(x)
+    if exponent == -0.5:
+        return rsqrt(x)
+    raise ShapeError("pow", f"only the exponents 2, 1, 0.5 and -0.5 are supported, "
+                     f"got {exponent!r}")
 
 
 @public

@@ -14,9 +14,9 @@ import tensorgrad.codegen.wgsl as w
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import DTYPES, Node, Shape
-from ..tensor import Tensor, record
+from ..tensor import Tensor
 from .elementwise import mul
-from .registry import NO_GRAD, PUBLIC, define, public
+from .registry import NO_GRAD, PUBLIC, define, public, record
 from .rules import normalize_axis, require_dtype
 from .shape import move_to_last, permute, reshape
 

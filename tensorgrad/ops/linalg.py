@@ -18,8 +18,8 @@ import tensorgrad.codegen.wgsl as w
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import Node, Shape
-from ..tensor import Tensor, record
-from .registry import define, public
+from ..tensor import Tensor
+from .registry import define, public, record
 from .rules import require_dtype
 
 
@@ -360,7 +360,7 @@ def _emit(ctx: EmitContext) -> Kernel:
     else:
         batch, m = 1, prod(ctx.node.shape[:-1])  # lhs leading dims flattened into rows
     spec = MatmulSpec(batch, m, k, n, ta, tb, b_batched=batched)
-    return emit_matmul(ctx, spec, choose_variant(spec, ctx.target.prefer_tiled))
+    return emit_matmul(ctx, spec, choose_variant(spec, prefer_tiled=not ctx.target.software))
 
 
 define("matmul", infer=_infer_matmul, ref=_ref_matmul, vjp=_vjp_matmul, emit=_emit,

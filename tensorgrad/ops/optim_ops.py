@@ -36,8 +36,8 @@ import tensorgrad.codegen.wgsl as w
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import Node, Shape
-from ..tensor import Tensor, record
-from .registry import GRAD_ERROR, define
+from ..tensor import Tensor
+from .registry import GRAD_ERROR, define, record
 
 NORMALIZE_EPS = 1e-8  # g / (||g|| + NORMALIZE_EPS)
 CLIP_EPS = 1e-6       # scale = min(clip / (total + CLIP_EPS), 1)

@@ -18,10 +18,10 @@ import tensorgrad.codegen.wgsl as w
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import Node, Shape
-from ..tensor import Tensor, record
+from ..tensor import Tensor
 from .broadcast import broadcast_to
 from .elementwise import exp, mul, mul_scalar, neg, sub
-from .registry import NO_GRAD, define, public
+from .registry import NO_GRAD, define, public, record
 from .rules import normalize_axis, require_dtype
 from .shape import move_to_last, reshape, swap_axes
 

@@ -9,25 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..codegen.kernel import EmitContext, Kernel
-    from ..ir import Node, Shape
-    from ..tensor import Tensor
-
+from ..codegen.kernel import EmitContext, Kernel
+from ..codegen.wgsl import elementwise
+from ..errors import ShapeError, TraceError, user_call_site
+from ..ir import Node, Shape
+from ..tensor import Tensor, current_trace
 
 # infer(inputs, attrs) -> (shape, dtype); raises ShapeError on bad input.
-InferFn = Callable[[Sequence["Node"], dict[str, Any]], tuple["Shape", str]]
+InferFn = Callable[[Sequence[Node], dict[str, Any]], tuple[Shape, str]]
 # ref(values, node) -> value, with numpy arrays; float inputs may be float32 or float64.
-RefFn = Callable[[Sequence[Any], "Node"], Any]
+RefFn = Callable[[Sequence[Any], Node], Any]
 # vjp(inputs, out, dy, attrs) -> one cotangent Tensor (or None) per input.
-VjpFn = Callable[[Sequence["Tensor"], "Tensor", "Tensor", dict[str, Any]],
-                 Sequence["Tensor | None"]]
-EmitFn = Callable[["EmitContext"], "Kernel"]
+VjpFn = Callable[[Sequence[Tensor], Tensor, Tensor, dict[str, Any]], Sequence[Tensor | None]]
+EmitFn = Callable[[EmitContext], Kernel]
 # expr(node) -> WGSL expression of one output element in terms of a0, a1, ... (the inputs
 # read at the same, broadcast, index). Ops with an expr are elementwise and fusable.
-ExprFn = Callable[["Node"], str]
+ExprFn = Callable[[Node], str]
 
 NO_GRAD = "no_grad"          # the op contributes no gradient (argmax, comparisons, ...)
 GRAD_ERROR = "grad_error"    # differentiating through it is an error (backward/optimizer ops)
@@ -59,13 +58,27 @@ def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
     if name in OPS:
         raise ValueError(f"op '{name}' is defined twice")
     if emit is None and expr is not None:
-        from ..codegen.wgsl import elementwise
-
         def emit(ctx: EmitContext) -> Kernel:
             return elementwise(ctx, expr(ctx.node), prelude=prelude)
     op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude)
     OPS[name] = op
     return op
+
+
+def record(op: str, inputs: Sequence[Tensor], **attrs: Any) -> Tensor:
+    """Append one `op` node to the trace in progress, checking shapes and dtypes with the
+    op's rule; returns its tensor."""
+    state = current_trace(op)
+    for t in inputs:
+        if not isinstance(t, Tensor):
+            raise ShapeError(op, f"expected a Tensor input, got {type(t).__name__}")
+        if t.graph is not state.graph:
+            raise TraceError(f"'{op}' got a tensor from another trace (tensors do not outlive "
+                             "the trace that made them)")
+    nodes = [state.graph[t.id] for t in inputs]
+    shape, dtype = OPS[op].infer(nodes, attrs)
+    node = state.graph.add(op, tuple(t.id for t in inputs), attrs, shape, dtype, user_call_site())
+    return Tensor(state.graph, node.id)
 
 
 def public(fn: Callable[..., Any]) -> Callable[..., Any]:

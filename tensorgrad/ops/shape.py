@@ -16,8 +16,8 @@ import tensorgrad.codegen.wgsl as w
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import Node, Shape
-from ..tensor import Tensor, record
-from .registry import GRAD_ERROR, define, public
+from ..tensor import Tensor
+from .registry import GRAD_ERROR, define, public, record
 from .rules import normalize_axis, same_dtype
 
 MAX_CONCAT_INPUTS = 7  # 7 inputs + 1 output = 8 storage buffers per kernel

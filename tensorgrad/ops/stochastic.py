@@ -27,8 +27,8 @@ import tensorgrad.codegen.wgsl as w
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import Node, Shape
-from ..tensor import Tensor, next_salt, prng_seed, record
-from .registry import NO_GRAD, define, public
+from ..tensor import Tensor, next_salt, prng_seed
+from .registry import NO_GRAD, define, public, record
 from .rules import check_dims, normalize_axis, require_dtype
 
 GOLDEN = 0x9E3779B1

@@ -1,6 +1,41 @@
-"""Graph -> Graph passes."""
+"""Graph → Graph passes, registered in one list that the compiler runs in order.
 
+A pass takes a graph and its roots (node ids that must survive and stay materialised: the
+output, param gradients, writeback sources) and returns the new graph and the map old id →
+new id of every surviving node; the compiler re-points its ids through that map. Each pass
+runs at one phase of the pipeline: right after autograd (before the optimizer is appended),
+or after the optimizer (on the whole step). Forward graphs run both phases too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from ..ir import Graph
 from .dce import eliminate_dead_code
 from .fuse import fuse_elementwise
 
-__all__ = ["eliminate_dead_code", "fuse_elementwise"]
+Phase = Literal["after_autograd", "after_optimizer"]
+PassFn = Callable[[Graph, Iterable[int]], tuple[Graph, dict[int, int]]]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One registered pass: `run(graph, roots)` at `phase`; `option` names the boolean compile
+    option that turns it on (None: always on)."""
+
+    name: str
+    phase: Phase
+    run: PassFn
+    option: str | None = None
+
+
+PASSES: list[Pass] = [
+    # Gradients nobody reads (frozen inputs) are dropped before the optimizer sees them.
+    Pass("eliminate dead code", "after_autograd", eliminate_dead_code),
+    Pass("fuse elementwise chains", "after_optimizer", fuse_elementwise, option="fuse"),
+]
+
+__all__ = ["PASSES", "Pass", "Phase", "eliminate_dead_code", "fuse_elementwise"]

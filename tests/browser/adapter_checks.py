@@ -11,7 +11,8 @@ import time
 from array import array
 from typing import Any
 
-from tensorgrad.gpu.interface import Copy, Dispatch, ShaderCompileError
+from tensorgrad.errors import ShaderCompileError
+from tensorgrad.gpu.interface import Copy, Dispatch
 
 ADD_WGSL = """
 @group(0) @binding(0) var<storage, read> a: array<f32>;

@@ -142,7 +142,7 @@ json.dumps({
 ERRORS = """
 import json
 import tensorgrad as tg
-from tensorgrad.web_client import RemoteError
+from tensorgrad.errors import RemoteError
 
 out = {}
 try:

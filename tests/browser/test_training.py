@@ -244,6 +244,7 @@ def test_transformer_losses_match_native(tg: Page, web_url: str, run_native: Any
 KERNEL_CHECK = r'''
 import base64, pickle, time
 from tensorgrad.api import default_device
+from tensorgrad.ops import OPS
 from tensorgrad.codegen.kernel import Target, dispatch_size, emit_node
 from tensorgrad.gpu.interface import Dispatch
 from tensorgrad.worker import handler
@@ -265,7 +266,7 @@ async def _kernel_check(payload, session):
         for nid in job["nodes"]:
             node = graph[nid]
             try:
-                kernel = emit_node(graph, node, target)
+                kernel = emit_node(graph, node, target, OPS)
                 if kernel.threads == 0:
                     raise AssertionError(f"{node.describe()} emitted no dispatch")
                 pipeline = pipelines.get(kernel.wgsl)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import numpy as np
 import pytest
 
-from tensorgrad.gpu.interface import Copy, Dispatch, ShaderCompileError
+from tensorgrad.codegen.kernel import Target
+from tensorgrad.errors import ShaderCompileError
+from tensorgrad.gpu.interface import WANTED_FEATURES, AdapterInfo, Copy, Dispatch
 from tensorgrad.gpu.native import NativeDevice
 
 ADD = """
@@ -74,6 +77,19 @@ def test_limits_and_description(gpu_device: NativeDevice) -> None:
     assert lim.max_compute_invocations_per_workgroup >= 256
     assert lim.max_compute_workgroups_per_dimension >= 65_535
     assert gpu_device.description
+
+
+def test_device_reports_its_kind_and_features(gpu_device: NativeDevice) -> None:
+    info = gpu_device.info
+    cpu = str(gpu_device.adapter_info.get("adapter_type", "")).lower() == "cpu"
+    assert info.software == cpu
+    assert info.features <= set(WANTED_FEATURES)
+    # only what the device enabled is reported: WGSL may then use it
+    enabled = {"subgroups" if f == "subgroup" else f for f in gpu_device.device.features}
+    assert info.features == enabled & set(WANTED_FEATURES)
+    # code generation reads the kind: software targets never emit barrier-heavy tiles
+    target = Target.for_device(gpu_device.limits, info)
+    assert target.software == info.software and target.features == info.features
 
 
 def test_add_arrays(gpu_device: NativeDevice) -> None:
@@ -278,3 +294,27 @@ def test_bind_error_names_the_dispatch(gpu_device: NativeDevice) -> None:
     with pytest.raises(ValueError, match="lonely"):
         dev.create_program([Dispatch(kernel, (buf,), (1, 1, 1), "lonely")], 0)
     dev.destroy_buffer(buf)
+
+
+def test_compile_picks_kernels_by_the_device_kind(gpu_device: NativeDevice) -> None:
+    import tensorgrad as tg
+
+    class Wide(tg.Module):
+        def __init__(self):
+            self.l = tg.Linear(64, 64)
+
+    def loss(m, x):
+        return tg.mean(m.l(x))
+
+    async def kernels(info: AdapterInfo) -> list[str]:
+        device = copy.copy(gpu_device)
+        device.info = info
+        train = await tg.compile(model=Wide(), loss=loss, inputs={"x": (64, 64)},
+                                 optimizer=tg.optim.SGD(lr=0.1), device=device, seed=0)
+        out = [k.wgsl for n, k in zip(train.ir.nodes, train._exe.kernels)
+               if n.op == "matmul" and "workgroupBarrier" in k.wgsl]
+        train.destroy()
+        return out
+
+    assert run(kernels(AdapterInfo(software=True))) == []     # matmuls without barrier tiles
+    assert run(kernels(AdapterInfo(software=False)))          # tiled matmuls

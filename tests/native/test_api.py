@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
-from tensorgrad import api, hostdata
-from tensorgrad.gpu.interface import DeviceLimits, ShaderCompileError
-from tensorgrad.plan import DeviceLimitError, plan_buffers
+from tensorgrad import compiler, hostdata, runtime
+from tensorgrad.errors import DeviceLimitError, ShaderCompileError
+from tensorgrad.gpu.interface import DeviceLimits
+from tensorgrad.plan import plan_buffers
 from tests.models import DeepMLP, TinyMLP, grad_ids, param_writebacks, reference_values
 
 B = 4
@@ -102,6 +103,8 @@ def test_step_returns_completed_with_loss_and_captures(gpu_device) -> None:
         assert train.step_count == 1
         assert train.output_shape == ()
         assert train.param_names == ["l1.W", "l1.b", "l2.W", "l2.b"]
+        assert train.param_shapes == {n: tuple(np.shape(v)) for n, v in p0.items()}
+        assert train.param_count == sum(int(np.size(v)) for v in p0.values())
         assert train.kernel_count == len(train.kernels) > 0
         assert all("@compute" in k for k in train.kernels)
         assert train.peak_bytes > 0
@@ -843,17 +846,17 @@ def test_plan_limits_name_the_tensor() -> None:
 
 
 def test_shader_compile_error_names_the_op(gpu_device, monkeypatch) -> None:
-    real = api.emit_graph
+    real = compiler.emit_graph
 
-    def broken(graph, target):
-        kernels = real(graph, target)
+    def broken(graph, target, ops):
+        kernels = real(graph, target, ops)
         i = next(n.id for n in graph.nodes if n.op == "matmul")
         k = kernels[i]
         kernels[i] = type(k)(k.wgsl.replace("fn main", "fn main_oops_broken_("), k.threads,
                              k.workgroup_size, k.label)
         return kernels
 
-    monkeypatch.setattr(api, "emit_graph", broken)
+    monkeypatch.setattr(compiler, "emit_graph", broken)
 
     async def go() -> None:
         with pytest.raises(ShaderCompileError) as info:
@@ -891,15 +894,15 @@ def test_failed_compile_frees_its_buffers(gpu_device, monkeypatch) -> None:
 
     monkeypatch.setattr(gpu_device, "create_buffer", create)
     monkeypatch.setattr(gpu_device, "destroy_buffer", destroy)
-    real_emit = api.emit_graph
+    real_emit = compiler.emit_graph
 
-    def broken(graph, target):
-        kernels = real_emit(graph, target)
+    def broken(graph, target, ops):
+        kernels = real_emit(graph, target, ops)
         i = next(n.id for n in graph.nodes if n.op == "matmul")
         kernels[i] = type(kernels[i])("fn main( {", kernels[i].threads, 256, "matmul")
         return kernels
 
-    monkeypatch.setattr(api, "emit_graph", broken)
+    monkeypatch.setattr(compiler, "emit_graph", broken)
 
     async def go() -> None:
         with pytest.raises(ShaderCompileError):
@@ -910,7 +913,7 @@ def test_failed_compile_frees_its_buffers(gpu_device, monkeypatch) -> None:
 
 
 def test_device_create_kernel_rejects_bad_wgsl(gpu_device) -> None:
-    cache = api._pipelines(gpu_device)
+    cache = runtime.pipeline_cache(gpu_device)
     with pytest.raises(ShaderCompileError, match="kernel 'my_op'") as info:
         cache.get("@compute @workgroup_size(1) fn main() { let x: f32 = 1u; }", "my_op")
     assert "   1 | @compute" in str(info.value)
@@ -971,7 +974,7 @@ def test_liveness_reuse_changes_no_result(gpu_device, monkeypatch) -> None:
     async def go() -> None:
         losses, params, (_, peak, plan) = await _deep_run(gpu_device, chunk_size=0)
         assert any(len(b.nodes) > 1 for b in plan.buffers), "no buffer is reused"
-        monkeypatch.setattr(api, "plan_buffers", _plan_without_reuse)
+        monkeypatch.setattr(compiler, "plan_buffers", _plan_without_reuse)
         flat_losses, flat_params, (_, flat_peak, flat_plan) = await _deep_run(gpu_device,
                                                                              chunk_size=0)
         monkeypatch.undo()

@@ -8,6 +8,7 @@ import pytest
 
 import tensorgrad as tg
 from tensorgrad.codegen.kernel import Target, emit_node
+from tensorgrad.ops import OPS
 from tests.harness import Arg, Case, build
 from tests.kernel_check import check_case as check
 from tests.unit.test_ops_conv import conv_case, pool_case
@@ -16,7 +17,7 @@ from tests.unit.test_ops_conv import conv_case, pool_case
 def weight_grad_variant(case: Case) -> str:
     b = build(case)
     node = next(n for n in b.graph.nodes if n.op == "conv2d_weight_grad")
-    wgsl = emit_node(b.graph, node, Target()).wgsl
+    wgsl = emit_node(b.graph, node, Target(), OPS).wgsl
     return "workgroup" if "workgroupBarrier" in wgsl else "thread"
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import tensorgrad as tg
 from tensorgrad.codegen.kernel import Target, emit_node
-from tensorgrad.ops import sum_to_shape
+from tensorgrad.ops import OPS, sum_to_shape
 from tests.harness import Arg, Case, build
 from tests.kernel_check import check_case as check
 
@@ -22,7 +22,7 @@ def test_two_d_dispatch(gpu_device) -> None:
                 grad=False, name="2d")
     b = build(case, with_grad=False)
     node = b.graph[b.out]
-    assert emit_node(b.graph, node, Target()).threads > 65_535 * 256
+    assert emit_node(b.graph, node, Target(), OPS).threads > 65_535 * 256
     assert {"exp", "add_scalar"} <= check(gpu_device, case, with_grad=False)
 
 
@@ -36,7 +36,7 @@ def test_sum_to_shape_variants(gpu_device, shape, target, variant) -> None:
     case = Case("sum_to_shape", lambda x: sum_to_shape(x, target), [Arg(shape)],
                 grad=False, name=variant)
     b = build(case, with_grad=False)
-    wgsl = emit_node(b.graph, b.graph[b.out], Target()).wgsl
+    wgsl = emit_node(b.graph, b.graph[b.out], Target(), OPS).wgsl
     assert ("workgroupBarrier" in wgsl) == (variant == "workgroup")
     check(gpu_device, case, with_grad=False)
 

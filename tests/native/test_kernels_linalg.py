@@ -54,8 +54,8 @@ def test_large_default_variants(gpu_device, case: Case, spec: MatmulSpec, want: 
 
 
 def test_large_cpu_target_variants(gpu_device) -> None:
-    """prefer_tiled=False (CPU rasterisers): register-blocked and naive kernels."""
+    """A software target (CPU rasterisers): register-blocked and naive kernels."""
     assert choose_variant(MatmulSpec(1, 600, 200, 260), False) == "blocked"
-    target = Target(limits=gpu_device.limits, prefer_tiled=False)
+    target = Target(limits=gpu_device.limits, software=True)
     check(gpu_device, LARGE[1][0], target)
     check(gpu_device, Case("matmul", tg.matmul, [Arg((8, 700)), Arg((700, 50))]), target)

@@ -11,6 +11,7 @@ import pytest
 
 import tensorgrad as tg
 from tensorgrad.codegen.kernel import Target, emit_node
+from tensorgrad.ops import OPS
 from tests.harness import Arg, Case, build
 from tests.kernel_check import check_case as check
 
@@ -19,7 +20,7 @@ def variant(case: Case, op: str) -> str:
     """'workgroup' or 'thread': how the kernel of the first `op` node of the case runs."""
     b = build(case, with_grad=False)
     node = next(n for n in b.graph.nodes if n.op == op)
-    wgsl = emit_node(b.graph, node, Target()).wgsl
+    wgsl = emit_node(b.graph, node, Target(), OPS).wgsl
     return "workgroup" if "workgroupBarrier" in wgsl else "thread"
 
 

@@ -9,11 +9,11 @@ import pytest
 
 import tensorgrad as tg
 from tensorgrad.autograd import append_grad
-from tensorgrad.optim import append_optimizer
+from tensorgrad.compiler import Options, Request, compile_graph
+from tensorgrad.init import init_params
 from tensorgrad.passes import fuse_elementwise
 from tensorgrad.reference import evaluate
 from tensorgrad.tensor import leaf, tracing
-from tensorgrad.trace import trace
 from tests.models import demo
 
 COVERS = {"fused"}  # for the op-table completeness test: every test here exercises it
@@ -22,12 +22,12 @@ COVERS = {"fused"}  # for the op-table completeness test: every test here exerci
 def _training_graph(name: str, seed: int = 0):
     mod = demo(name)
     model = mod.AdditionTransformer() if name == "addition_transformer" else mod.MLP()
-    tr = trace(model, mod.loss_fn, mod.INPUTS, seed=seed)
-    opt = append_optimizer(tr.graph, tr.grads, mod.optimizer(),
-                           {n: s.decay for n, s in tr.params.items()})
-    tr.graph.outputs = [tr.loss]
+    tr = compile_graph(Request("training", model, mod.loss_fn, mod.INPUTS,
+                               optimizer=mod.optimizer(), seed=seed),
+                       Options(fuse=False), until="passes after optimizer")
+    opt = tr.optimizer
     feeds = {n: np.asarray(v).reshape(tr.params[n].shape)
-             for n, v in tr.init_params(seed).items()}
+             for n, v in init_params(tr.params, seed).items()}
     batch = mod.batch(random.Random(seed))
     for name_, node in tr.graph.inputs.items():
         if name_ in batch:

@@ -201,14 +201,16 @@ def test_layer_argument_validation():
 def _run_layer(layer, x, xdtype="f32", seed=3):
     """Forward output and param grads of sum(layer(x) * r) through the reference."""
     rng = np.random.default_rng(seed)
-    y_shape = tg.trace_forward(layer, lambda m, x: m(x), {"x": (x.shape, xdtype)}).output_shape
+    f = tg.trace_forward(layer, lambda m, x: m(x), {"x": (x.shape, xdtype)})
+    y_shape = f.graph[f.output].shape
     r = rng.standard_normal(y_shape).astype(np.float32)
 
     def loss(m, x, r):
         return tg.sum(m(x) * r)
 
     t = tg.trace(layer, loss, {"x": (x.shape, xdtype), "r": y_shape}, seed=seed)
-    params = {k: np.asarray(v).reshape(t.params[k].shape) for k, v in t.init_params().items()}
+    params = {k: np.asarray(v).reshape(t.params[k].shape)
+              for k, v in layer.init_params(seed).items()}
     # perturb gains/biases away from ones/zeros so they matter
     params = {k: v + rng.standard_normal(v.shape).astype(np.float32) * 0.3
               for k, v in params.items()}

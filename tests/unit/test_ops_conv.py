@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import tensorgrad as tg
 from tensorgrad import ShapeError
 from tensorgrad.autograd import append_grad
-from tensorgrad.tensor import leaf, record, tracing
+from tensorgrad.ops.registry import record
+from tensorgrad.tensor import leaf, tracing
 from tests.harness import Arg, Case, build, run_reference
 
 

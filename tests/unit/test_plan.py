@@ -10,11 +10,12 @@ import pytest
 import tensorgrad as tg
 from tensorgrad import optim
 from tensorgrad.autograd import append_grad
+from tensorgrad.errors import DeviceLimitError, PlanError
 from tensorgrad.gpu.interface import DeviceLimits
 from tensorgrad.ir import LEAF_OPS, Graph
 from tensorgrad.ops import optim_ops
 from tensorgrad.ops.registry import OPS
-from tensorgrad.plan import BufferPlan, DeviceLimitError, PlanError, check_plan, plan_buffers
+from tensorgrad.plan import BufferPlan, check_plan, plan_buffers
 from tensorgrad.reference import evaluate
 from tensorgrad.tensor import Tensor, leaf, tracing
 

@@ -8,15 +8,10 @@ import torch
 
 import tensorgrad as tg
 from tensorgrad import init
+from tensorgrad.compiler import Compilation
 from tensorgrad.errors import ShapeError
 from tensorgrad.reference import evaluate
-from tensorgrad.trace import (
-    ForwardTrace,
-    InputDecl,
-    TrainingTrace,
-    normalize_inputs,
-    resolve_shapes,
-)
+from tensorgrad.trace import InputDecl, normalize_inputs, resolve_shapes
 
 
 class MLP(tg.Module):
@@ -36,23 +31,24 @@ def mse(m, x, y):
 
 def test_training_trace_records_everything():
     t = tg.trace(MLP(), mse, {"x": (5, 4), "y": [5, 2]}, seed=1234)
-    assert isinstance(t, TrainingTrace)
+    assert isinstance(t, Compilation) and t.training
+    assert t.done == ["trace", "autograd", "passes after autograd"]  # IR only, no optimizer
     g = t.graph
     assert g.outputs == [t.loss] and g[t.loss].shape == () and g[t.loss].dtype == "f32"
-    assert t.param_names == ["l1.W", "l1.b", "l2.W", "l2.b", "unused"]
-    assert list(t.grads) == t.param_names
+    assert list(t.params) == ["l1.W", "l1.b", "l2.W", "l2.b", "unused"]
+    assert list(t.grads) == list(t.params)
     for name, gid in t.grads.items():
-        assert g[gid].shape == t.param_shapes[name]
-    assert t.param_shapes == {"l1.W": (4, 8), "l1.b": (8,), "l2.W": (8, 2), "l2.b": (2,),
-                              "unused": (3,)}
-    assert t.decay == {"l1.W": True, "l1.b": False, "l2.W": True, "l2.b": False,
-                       "unused": False}
+        assert g[gid].shape == t.params[name].shape
+    assert {k: p.shape for k, p in t.params.items()} == {
+        "l1.W": (4, 8), "l1.b": (8,), "l2.W": (8, 2), "l2.b": (2,), "unused": (3,)}
+    assert {k: p.decay for k, p in t.params.items()} == {
+        "l1.W": True, "l1.b": False, "l2.W": True, "l2.b": False, "unused": False}
     assert t.params["l1.W"].init == init.kaiming() and t.params["l1.W"].fan_in == 4
     assert t.params["l2.W"].init == init.randn(0.02)
     assert t.seed == 1234
     assert t.inputs == {"x": InputDecl("x", (5, 4)), "y": InputDecl("y", (5, 2))}
     # leaves first: params in order, then inputs in declaration order
-    assert [n.attrs["name"] for n in g.nodes[:7]] == [*t.param_names, "x", "y"]
+    assert [n.attrs["name"] for n in g.nodes[:7]] == [*t.params, "x", "y"]
     # a param with no path to the loss gets a zero gradient
     assert g[t.grads["unused"]].op == "full"
 
@@ -60,7 +56,8 @@ def test_training_trace_records_everything():
 def test_training_trace_values_match_torch():
     model = MLP()
     t = tg.trace(model, mse, {"x": (5, 4), "y": (5, 2)}, seed=7)
-    params = {k: np.asarray(v).reshape(t.params[k].shape) for k, v in t.init_params().items()}
+    params = {k: np.asarray(v).reshape(t.params[k].shape)
+              for k, v in init.init_params(t.params, t.seed).items()}
     rng = np.random.default_rng(0)
     x = rng.standard_normal((5, 4)).astype(np.float32)
     y = rng.standard_normal((5, 2)).astype(np.float32)
@@ -71,14 +68,14 @@ def test_training_trace_values_match_torch():
     loss.backward()
     np.testing.assert_allclose(vals[t.loss], loss.item(), rtol=1e-5)
     for k, gid in t.grads.items():
-        want = tp[k].grad.numpy() if tp[k].grad is not None else np.zeros(t.param_shapes[k])
+        want = tp[k].grad.numpy() if tp[k].grad is not None else np.zeros(t.params[k].shape)
         np.testing.assert_allclose(vals[gid], want, rtol=1e-4, atol=1e-6, err_msg=k)
 
 
 def test_init_params_reproduce_seed():
     t = tg.trace(MLP(), mse, {"x": (5, 4), "y": (5, 2)}, seed=99)
-    assert t.init_params() == t.init_params(99) == MLP().init_params(99)
-    assert t.init_params()["l1.W"] != t.init_params(100)["l1.W"]
+    assert init.init_params(t.params, t.seed) == MLP().init_params(99)
+    assert init.init_params(t.params, t.seed)["l1.W"] != MLP().init_params(100)["l1.W"]
 
 
 def test_seed_default_and_masking():
@@ -105,16 +102,19 @@ def test_dead_code_removed_named_leaves_kept():
 
 def test_trace_forward():
     f = tg.trace_forward(MLP(), lambda m, x: m(x), {"x": (3, 4)})
-    assert isinstance(f, ForwardTrace)
-    assert f.output_shape == (3, 2) and f.output_dtype == "f32" and f.grads == {}
-    assert f.param_names == ["l1.W", "l1.b", "l2.W", "l2.b", "unused"]
+    assert isinstance(f, Compilation) and not f.training
+    out = f.graph[f.output]
+    assert out.shape == (3, 2) and out.dtype == "f32" and f.grads == {}
+    assert list(f.params) == ["l1.W", "l1.b", "l2.W", "l2.b", "unused"]
+    with pytest.raises(AttributeError, match="a forward graph has no loss"):
+        _ = f.loss
     assert f.graph.outputs == [f.output]
     assert not any(n.op in ("relu_grad", "sum_to_shape") for n in f.graph.nodes)
 
 
 def test_trace_forward_i32_output():
     f = tg.trace_forward(MLP(), lambda m, x: tg.argmax(m(x), -1), {"x": (3, 4)})
-    assert f.output_shape == (3,) and f.output_dtype == "i32"
+    assert f.graph[f.output].shape == (3,) and f.graph[f.output].dtype == "i32"
 
 
 def test_keyword_only_and_defaults_accepted():
@@ -195,7 +195,7 @@ def test_resolved_shapes_trace():
     decls = {"x": (None, 4)}
     shapes = resolve_shapes(decls, {"x": np.zeros(24, np.float32)})
     f = tg.trace_forward(MLP(), lambda m, x: m(x), shapes)
-    assert f.output_shape == (6, 2)
+    assert f.graph[f.output].shape == (6, 2)
 
 
 def test_forward_captures_survive_dce():

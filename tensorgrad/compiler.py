@@ -1,0 +1,243 @@
+"""The compiler: one ordered list of stages from a model and a function to a GPU program.
+
+    trace → autograd → passes → optimizer → passes → plan → emit → build
+
+A :class:`Compilation` carries one graph through :data:`STAGES`; each stage fills in its part
+(the traced graph, the gradients, the optimizer's writebacks, the buffer plan, the kernels,
+the executable). Training steps and forward graphs take the same stages: autograd and the
+optimizer do nothing for a forward graph. Passes are registered in
+:data:`tensorgrad.passes.PASSES`, each at the phase where it runs. :func:`trace` and
+:func:`trace_forward` are the IR-only entry points (no device); the handles in
+:mod:`tensorgrad.api` compile through :func:`compile_graph`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .autograd import append_grad
+from .codegen.kernel import Kernel, Target, emit_graph
+from .errors import ShapeError
+from .gpu.interface import DeviceLimits, GPUDevice
+from .init import ParamSpec
+from .ir import Graph
+from .module import Module
+from .ops.registry import OPS
+from .optim import OptimizerConfig, OptimizerPlan, Writeback, append_optimizer
+from .passes import PASSES, Phase
+from .plan import BufferPlan, plan_buffers
+from .runtime import Executable, ParamStore, build_executable, pipeline_cache, shared_param_buffers
+from .tensor import Tensor
+from .trace import InputDecl, check_seed, trace_graph
+
+__all__ = ["STAGES", "Compilation", "Options", "Request", "Stage", "compile_graph", "trace",
+           "trace_forward"]
+
+Kind = Literal["training", "forward"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to compile: `fn(model, **inputs)` is the loss (training) or the forward output.
+
+    `optimizer` is required by the optimizer stage of a training graph; `seed` seeds the
+    param init (None: random); `output` is the declared dtype of a forward's output."""
+
+    kind: Kind
+    model: Module
+    fn: Callable[..., Tensor]
+    inputs: Mapping[str, Any]
+    optimizer: OptimizerConfig | None = None
+    seed: int | None = None
+    output: str | None = None
+
+
+@dataclass
+class Options:
+    """How to compile: for which device (None: stop after emit), with which passes.
+
+    `store` holds the params to bind (an attached forward shares its training's); without one
+    the build stage makes a fresh store from the traced params and the seed."""
+
+    device: GPUDevice | None = None
+    limits: DeviceLimits = field(default_factory=DeviceLimits)
+    target: Target | None = None
+    fuse: bool = True
+    chunk_size: int = 32
+    store: ParamStore | None = None
+
+    @staticmethod
+    def for_device(device: GPUDevice, **kwargs: Any) -> Options:
+        return Options(device=device, limits=device.limits,
+                       target=Target.for_device(device.limits, device.info), **kwargs)
+
+
+@dataclass
+class Compilation:
+    """One graph on its way through the stages. `output` is the loss node of a training
+    graph and the output node of a forward graph; `grads` maps param names to gradient
+    nodes; ids are re-pointed whenever a pass renumbers the graph."""
+
+    request: Request
+    graph: Graph = field(default_factory=Graph)
+    output: int = -1
+    params: dict[str, ParamSpec] = field(default_factory=dict)
+    inputs: dict[str, InputDecl] = field(default_factory=dict)
+    seed: int = 0
+    grads: dict[str, int] = field(default_factory=dict)
+    optimizer: OptimizerPlan | None = None
+    plan: BufferPlan | None = None
+    kernels: list[Kernel] = field(default_factory=list)
+    store: ParamStore | None = None
+    executable: Executable | None = None
+    done: list[str] = field(default_factory=list)  # the stages run so far
+
+    @property
+    def training(self) -> bool:
+        return self.request.kind == "training"
+
+    @property
+    def loss(self) -> int:
+        """The loss node (training graphs)."""
+        if not self.training:
+            raise AttributeError("a forward graph has no loss; its output node is .output")
+        return self.output
+
+    @property
+    def writebacks(self) -> tuple[Writeback, ...]:
+        return self.optimizer.writebacks if self.optimizer else ()
+
+    def roots(self) -> set[int]:
+        """Nodes every pass must keep: the output, the gradients, the writeback sources."""
+        return {self.output, *self.grads.values(), *(wb.source for wb in self.writebacks)}
+
+    def renumber(self, graph: Graph, remap: Mapping[int, int]) -> None:
+        """Adopt `graph`, whose ids relate to the old ones by `remap`."""
+        self.graph = graph
+        self.output = remap[self.output]
+        self.grads = {name: remap[i] for name, i in self.grads.items()}
+        if self.optimizer is not None:
+            self.optimizer = self.optimizer.renumbered(remap)
+
+    def __str__(self) -> str:
+        return str(self.graph)
+
+
+# ---- the stages ------------------------------------------------------------------------------
+
+def _trace(c: Compilation, o: Options) -> None:
+    r = c.request
+    traced = trace_graph(r.model, r.fn, r.inputs, "loss" if c.training else "forward")
+    out = traced.graph[traced.output]
+    if r.output is not None and out.dtype != r.output:
+        raise ShapeError("forward", f"the forward returns {out.dtype} but output="
+                         f"{r.output!r} was declared")
+    c.graph, c.output, c.params, c.inputs = traced.graph, traced.output, traced.params, \
+        traced.inputs
+    c.seed = check_seed(r.seed)
+
+
+def _autograd(c: Compilation, o: Options) -> None:
+    if c.training:
+        c.grads = append_grad(c.graph, c.output)  # checks that the loss is a 0-d f32 tensor
+
+
+def _passes(phase: Phase) -> Callable[[Compilation, Options], None]:
+    def run(c: Compilation, o: Options) -> None:
+        for p in PASSES:
+            if p.phase == phase and (p.option is None or getattr(o, p.option)):
+                c.renumber(*p.run(c.graph, c.roots()))
+    return run
+
+
+def _optimizer(c: Compilation, o: Options) -> None:
+    if not c.training:
+        return
+    if c.request.optimizer is None:
+        raise ValueError("compile: a training graph needs an optimizer (tg.optim.Adam(...), "
+                         "AdamW or SGD)")
+    c.optimizer = append_optimizer(c.graph, c.grads, c.request.optimizer,
+                                   {n: s.decay for n, s in c.params.items()}, limits=o.limits)
+    c.graph.outputs = [c.output]
+
+
+def _plan(c: Compilation, o: Options) -> None:
+    c.plan = plan_buffers(c.graph, grads=c.grads, writebacks=c.writebacks, limits=o.limits)
+
+
+def _emit(c: Compilation, o: Options) -> None:
+    c.kernels = emit_graph(c.graph, o.target or Target(limits=o.limits), OPS)
+
+
+def _build(c: Compilation, o: Options) -> None:
+    if o.device is None:
+        raise ValueError("compile: the build stage needs a device (Options.for_device)")
+    assert c.plan is not None
+    store = o.store if o.store is not None else ParamStore(o.device, c.params, c.seed)
+    try:
+        c.executable = build_executable(o.device, c.graph, c.plan, c.kernels, c.output,
+                                        pipeline_cache(o.device), o.chunk_size,
+                                        shared_param_buffers(c.graph, c.plan, store))
+    except BaseException:
+        if store is not o.store:
+            store.destroy()
+        raise
+    c.store = store
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[Compilation, Options], None]
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("trace", _trace),
+    Stage("autograd", _autograd),
+    Stage("passes after autograd", _passes("after_autograd")),
+    Stage("optimizer", _optimizer),
+    Stage("passes after optimizer", _passes("after_optimizer")),
+    Stage("plan", _plan),
+    Stage("emit", _emit),
+    Stage("build", _build),
+)
+
+
+def compile_graph(request: Request, options: Options, until: str = "build") -> Compilation:
+    """Run the stages in order, up to and including the one named `until`."""
+    names = [s.name for s in STAGES]
+    if until not in names:
+        raise ValueError(f"compile_graph: no stage {until!r} (stages: {names})")
+    c = Compilation(request)
+    for stage in STAGES:
+        stage.run(c, options)
+        c.done.append(stage.name)
+        if stage.name == until:
+            break
+    return c
+
+
+# ---- IR-only entry points --------------------------------------------------------------------
+
+def trace(model: Module, loss: Callable[..., Tensor], inputs: Mapping[str, Any],
+          seed: int | None = None) -> Compilation:
+    """Trace `loss(model, **inputs)` and derive its gradients: the forward + backward graph
+    after dead-code elimination, before the optimizer (no device needed).
+
+    The loss must be a 0-d f32 tensor; all input dims must be concrete. `seed` (32-bit;
+    random by default) seeds the param init. The result's `graph`, `loss`, `grads` ({param
+    name: gradient node}), `params` and `inputs` describe the step; ``print()`` shows the IR."""
+    return compile_graph(Request("training", model, loss, inputs, seed=seed), Options(),
+                         until="passes after autograd")
+
+
+def trace_forward(model: Module, forward: Callable[..., Tensor],
+                  inputs: Mapping[str, Any]) -> Compilation:
+    """Trace `forward(model, **inputs)` after dead-code elimination (no device needed).
+
+    Input dims must be concrete (resolve None dims with
+    :func:`tensorgrad.trace.resolve_shapes` first)."""
+    return compile_graph(Request("forward", model, forward, inputs), Options(),
+                         until="passes after autograd")
