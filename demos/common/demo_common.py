@@ -43,19 +43,7 @@ def log(text: str) -> None:
 
 def param_count(handle: Any) -> int:
     """Number of parameter values of a training or forward handle."""
-    count = getattr(handle, "param_count", None)
-    if count is not None:
-        return int(count)
-    shapes = getattr(handle, "param_shapes", None)
-    if shapes is not None:
-        total = 0
-        for shape in shapes.values():
-            n = 1
-            for d in shape:
-                n *= int(d)
-            total += n
-        return total
-    return sum(s.size for s in handle._store.specs.values())  # before param_count existed
+    return int(handle.param_count)
 
 
 def floats(output: Any) -> list[float]:
