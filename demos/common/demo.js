@@ -49,7 +49,7 @@ export class Demo {
    * lossTitle: the loss plot's title; onReady(): after the worker started.
    */
   constructor({ name, defaults, headless, onPost, onReset, summary, onReady,
-                lossTitle = "training loss (log scale)" }) {
+                lossTitle = "training loss (log scale)", lossLogY = true }) {
     this.name = name;
     Object.assign(this, demoConfig(defaults, headless));
     this.onPost = onPost;
@@ -57,6 +57,7 @@ export class Demo {
     this.onReady = onReady;
     this.summary = summary ?? defaultSummary;
     this.lossTitle = lossTitle;
+    this.lossLogY = lossLogY;
     this.losses = [];
     this.rate = { t0: 0, s0: 0 };
     this.frame = 0;
@@ -94,7 +95,7 @@ export class Demo {
   drawLoss() {
     this.frame ||= requestAnimationFrame(() => {
       this.frame = 0;
-      if ($("loss")) lossPlot($("loss"), this.losses, { title: this.lossTitle });
+      if ($("loss")) lossPlot($("loss"), this.losses, { title: this.lossTitle, logY: this.lossLogY });
     });
   }
 

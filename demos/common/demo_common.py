@@ -31,7 +31,8 @@ from types import ModuleType
 from typing import Any
 
 import tensorgrad as tg
-from tensorgrad.web import flat_buffer, import_source, in_pyodide, post, train_steps
+from tensorgrad.web import (TrainingRun, flat_buffer, import_source, in_pyodide, post,
+                            train_steps)
 
 DEMOS = Path(__file__).resolve().parents[1]
 
@@ -231,6 +232,34 @@ class Script:
                                 losses=self.state.setdefault("losses", []),
                                 max_pending=max_pending)
         self.state["step"] = run.step
+        return run
+
+    async def train_each(self, train: Any, batch: Callable[[], Awaitable[Mapping[str, Any]]],
+                         steps: int | None = None, *,
+                         on_every: Callable[[int, float, float], Awaitable[None]] | None = None,
+                         every: int | None = None) -> Any:
+        """Like :meth:`train` for batches that need awaiting (a rollout with the current
+        policy): `await batch()` before each step. Returns one TrainingRun for them all."""
+        cfg = self.cfg
+        total = int(cfg["steps"] if steps is None else steps)
+        every = int(cfg.get("every", 100) if every is None else every)
+        run = TrainingRun(self.state.get("step", 0))
+        t_run = t_mark = time.perf_counter()
+        mark = run.step
+        while run.run_steps < total and not self.stopped():
+            feeds = await batch()
+            if self.stopped():  # the batch itself may ask to stop (a target reached)
+                break
+            one = await self.train(train, lambda: feeds, 1, every=1 << 30)
+            run.step, run.last_loss = one.step, one.last_loss
+            run.run_steps += 1
+            run.step_seconds += one.step_seconds
+            if on_every is not None and run.step % every == 0:
+                rate = (run.step - mark) / (time.perf_counter() - t_mark)
+                await on_every(run.step, one.last_loss, rate)
+                t_mark, mark = time.perf_counter(), run.step
+        run.stopped = self.stopped()
+        run.wall_seconds = time.perf_counter() - t_run
         return run
 
     def _tracking(self, fn: Callable[[int, float, float], Awaitable[None]] | None

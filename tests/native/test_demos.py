@@ -89,3 +89,15 @@ def test_digit_canvas_mlp_reaches_95_percent_and_swaps_models(gpu_device, monkey
         assert again is not None and max(abs(a - b) for a, b in zip(again, second)) < 1e-5
 
     asyncio.run(canvas_and_params())
+
+
+def test_cartpole_reaches_mean_episode_length_150(gpu_device, monkeypatch) -> None:
+    mod = load_script("cartpole")
+    figures, posts = run_script(mod, gpu_device, monkeypatch, steps=300, every=20, until=150,
+                                seed=1)
+    episodes = kinds(posts, "episodes")
+    assert episodes[0]["mean"] < 50, episodes[0]   # a random policy falls within ~20 steps
+    assert figures["mean_length_avg10"] >= 150, figures
+    assert all(1 <= n <= 200 for e in episodes for n in e["lengths"])
+    trajectory = kinds(posts, "trajectory")[-1]
+    assert len(trajectory["xs"]) == len(trajectory["thetas"]) > 1
