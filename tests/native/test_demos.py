@@ -101,3 +101,25 @@ def test_cartpole_reaches_mean_episode_length_150(gpu_device, monkeypatch) -> No
     assert all(1 <= n <= 200 for e in episodes for n in e["lengths"])
     trajectory = kinds(posts, "trajectory")[-1]
     assert len(trajectory["xs"]) == len(trajectory["thetas"]) > 1
+
+
+def test_kan_fits_sin_below_1e_3_and_reports_its_splines(gpu_device, monkeypatch) -> None:
+    mod = load_script("kan")
+    figures, posts = run_script(mod, gpu_device, monkeypatch, steps=400, every=200, seed=1)
+    assert figures["fit_mse"] < 1e-3 and figures["loss_avg10"] < 1e-3, figures
+    first, last = kinds(posts, "splines")[0], kinds(posts, "splines")[-1]
+    assert len(last["layer1"]) == 4 and len(last["layer2"]) == 4
+    assert all(len(c) == 101 for c in last["layer1"] + last["layer2"])
+    assert last["layer1"] != first["layer1"]  # the edge functions moved
+
+
+def test_tic_tac_toe_never_loses_to_random_after_training(gpu_device, monkeypatch) -> None:
+    mod = load_script("tic_tac_toe")
+    figures, posts = run_script(mod, gpu_device, monkeypatch, steps=3000, every=100,
+                                games=200, until=1, seed=1)
+    evals = kinds(posts, "eval")
+    assert evals[0]["losses"] > 10, evals[0]   # the untrained policy loses often
+    assert figures["games"] == 200 and figures["losses_vs_random"] == 0, figures
+    # a policy move on an open board is a legal cell
+    cell = asyncio.run(mod.policy_move([1, 0, 0, 0, 2, 0, 0, 0, 0], 1))
+    assert cell in (1, 2, 3, 5, 6, 7, 8)
