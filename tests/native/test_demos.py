@@ -158,3 +158,26 @@ def test_flow_matching_loss_falls_below_1_3(gpu_device, monkeypatch) -> None:
     samples = kinds(posts, "samples")[-1]
     assert samples["n"] == 2 and len(samples["images"]) == 2 * 784
     assert all(abs(v) < 50 for v in samples["images"])
+
+
+def test_makemore_beats_the_unigram_baseline_and_samples_names(gpu_device, monkeypatch
+                                                               ) -> None:
+    mod = load_script("makemore")
+    figures, posts = run_script(mod, gpu_device, monkeypatch, steps=60, every=60, seed=1)
+    evals = kinds(posts, "eval")
+    assert evals[0]["val_loss"] > evals[0]["unigram"] > 2.5, evals[0]   # ln 27 ≈ 3.30 at first
+    assert figures["val_loss"] < figures["unigram_loss"] - 0.2, figures
+    names = evals[-1]["samples"]
+    assert len(names) == 12 and all(n.isalpha() or n == "" for n in names), names
+    assert sum(len(n) for n in names) > 12, names
+
+
+def test_pokeformer_beats_the_unigram_baseline_and_samples_in_graph(gpu_device, monkeypatch
+                                                                    ) -> None:
+    mod = load_script("pokeformer")
+    figures, posts = run_script(mod, gpu_device, monkeypatch, steps=60, every=60, seed=1)
+    evals = kinds(posts, "eval")
+    assert evals[0]["val_loss"] > evals[0]["unigram"], evals[0]
+    assert figures["val_loss"] < figures["unigram_loss"] - 0.1, figures
+    names = evals[-1]["samples"]
+    assert len(names) == 12 and all(n.isalpha() or n == "" for n in names), names
