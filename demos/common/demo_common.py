@@ -31,8 +31,7 @@ from types import ModuleType
 from typing import Any
 
 import tensorgrad as tg
-from tensorgrad.web import (TrainingRun, flat_buffer, import_source, in_pyodide, post,
-                            train_steps)
+from tensorgrad.web import TrainingRun, flat_buffer, import_source, in_pyodide, post, train_steps
 
 DEMOS = Path(__file__).resolve().parents[1]
 
@@ -250,7 +249,7 @@ class Script:
             feeds = await batch()
             if self.stopped():  # the batch itself may ask to stop (a target reached)
                 break
-            one = await self.train(train, lambda: feeds, 1, every=1 << 30)
+            one = await self.train(train, lambda f=feeds: f, 1, every=1 << 30)
             run.step, run.last_loss = one.step, one.last_loss
             run.run_steps += 1
             run.step_seconds += one.step_seconds

@@ -151,7 +151,7 @@ def test_flow_matching_loss_falls_below_1_3(gpu_device, monkeypatch) -> None:
     """Full-resolution 32-channel convs run at ~6 s/step on lavapipe: a short run shows the
     loss falling from ~2 (predicting 0 for x₁ − x₀) and the sampler producing digits."""
     mod = load_script("flow_matching")
-    figures, posts = run_script(mod, gpu_device, monkeypatch, steps=14, every=14, samples=2,
+    _, posts = run_script(mod, gpu_device, monkeypatch, steps=14, every=14, samples=2,
                                 seed=1)
     losses = mod.STATE["losses"]
     assert losses[0] > 1.5 and sum(losses[-4:]) / 4 < 1.3, losses
