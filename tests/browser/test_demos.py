@@ -220,7 +220,7 @@ NEW_DEMOS = {
     "nerf": ("steps=60&every=30", ["loss", "render", "target"],
              lambda f: f["steps"] == 60 and f["image_mse"] < 0.05),
     "vae": ("steps=20&every=10", ["loss", "originals", "recons", "samples"],
-            lambda f: f["steps"] == 20 and f["test_recon_error"] < 60),
+            lambda f: f["steps"] == 20 and f["loss_avg10"] < 100),  # ~170 untrained
     "flow_matching": ("steps=2&every=2&samples=1", ["loss", "samples"],
                       lambda f: f["steps"] == 2 and f["euler_steps"] == 25),
     "makemore": ("steps=20&every=10&samples=6&val=256", ["loss", "val"],
