@@ -19,6 +19,7 @@ from .errors import (
                      TraceError,
 )
 from .flight import single_flight
+from .gpu import WebGPUSupport, check_webgpu
 from .module import Module
 from .nn import Conv2d, Embedding, LayerNorm, Linear, RMSNorm
 from .ops import *
@@ -32,8 +33,9 @@ __version__ = "0.1.0"
 __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
     "AbortError", "Aborted", "Captures", "Completed", "Conv2d", "DeviceLimitError",
     "DeviceLostError", "Embedding", "Failed", "Forward", "LayerNorm", "Linear", "Module",
-    "PlanError", "RMSNorm", "RemoteError", "Result", "ShaderCompileError", "ShapeError",
-    "Tensor", "TraceError", "Training", "compile", "compile_forward", "default_device", "init",
+    "PlanError", "ProtocolError", "RMSNorm", "RemoteError", "Result", "ShaderCompileError", "ShapeError",
+    "Tensor", "TraceError", "Training", "WebGPUSupport", "check_webgpu", "compile",
+    "compile_forward", "default_device", "init",
     "load_safetensors", "lr", "ops", "optim", "save_safetensors", "single_flight", "trace",
     "trace_forward",
     *sorted(_PUBLIC),

@@ -17,10 +17,12 @@ from typing import Any
 
 from .compiler import Options, Request, compile_graph
 from .errors import AbortError, ShapeError
+from .flight import CallQueue
 from .gpu import GPUDevice, request_device
 from .hostdata import to_bytes
 from .init import random_seed
 from .ir import Graph
+from .lr import rebase
 from .module import Module
 from .results import Aborted, Captures, Completed, Failed, Result
 from .runtime import Executable, ParamStore
@@ -85,6 +87,34 @@ def _feed_bytes(exe: Executable, feeds: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _snapshot(where: str, given: Mapping[str, Any], shapes: Mapping[str, tuple[Any, ...]],
+              dtypes: Mapping[str, str]) -> dict[str, bytes]:
+    """The user's inputs validated against their shapes and copied, at call time: a step or
+    run queued behind others uses the data as it was when it was called."""
+    out = {}
+    for name, value in given.items():
+        if isinstance(value, (int, float)):
+            value = [value]
+        out[name] = bytes(to_bytes(f"input '{name}'", value, shapes[name], dtypes[name]))
+    return out
+
+
+def _non_finite_input(data: Mapping[str, bytes], dtypes: Mapping[str, str]) -> str:
+    """Which f32 input holds a NaN or Inf, if any ("" when none): looked up only after a
+    failed step, so a normal step pays nothing."""
+    for name, raw in data.items():
+        if dtypes.get(name) != "f32":
+            continue
+        for k, v in enumerate(memoryview(raw).cast("f")):
+            if not math.isfinite(v):
+                return f"input '{name}' holds {v} at flat index {k}"
+    return ""
+
+
+async def _value(result: Result) -> Result:
+    return result
+
+
 def _check_user_inputs(where: str, given: Mapping[str, Any], declared: Mapping[str, Any]
                        ) -> None:
     missing = sorted(set(declared) - set(given))
@@ -114,6 +144,10 @@ class Training(_Runner):
         self._children: list[Forward] = []
         self._exe: Executable | None = None
         self._store: ParamStore | None = None
+        self._decls = normalize_inputs(inputs, wildcards=False, op="compile")
+        # Everything that touches this training's GPU state runs in call order, one at a
+        # time (attached forwards too): an upload never lands inside a step.
+        self._queue = CallQueue()
 
     def _build(self, model: Module, optimizer: Any, seed: int | None) -> None:
         seed = random_seed() if seed is None else int(seed)
@@ -172,84 +206,126 @@ class Training(_Runner):
     # -- steps ---------------------------------------------------------------------------
     def step(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
         """One forward + backward + optimizer update (await it). Returns Completed(loss,
-        captures), Aborted() or Failed(error); a NaN or Inf loss is Failed. A step called
-        before replace_model/destroy returns Aborted even if it had not started yet."""
-        return self._guard(lambda: self._step(inputs), self._generation)
+        captures), Aborted() or Failed(error); a NaN or Inf loss is Failed.
 
-    async def _step(self, inputs: Mapping[str, Any]) -> Result:
+        The inputs are checked and copied when step is called, and calls on this training
+        (steps, uploads, resets, forward runs) run one at a time in call order. A step called
+        before replace_model/destroy returns Aborted if it had not finished."""
+        generation = self._generation
+        try:
+            _check_user_inputs("step", inputs, self._input_decls)
+            data = _snapshot("step", inputs, {n: d.shape for n, d in self._decls.items()},
+                             {n: d.dtype for n, d in self._decls.items()})
+        except Exception as e:  # noqa: BLE001 - step reports failures, never raises
+            failure = Failed(e)
+            return self._queue.submit(lambda: _value(failure))
+        return self._queue.submit(lambda: self._guard(lambda: self._step(data), generation))
+
+    async def _step(self, data: Mapping[str, bytes]) -> Result:
         exe = self._exe
         if exe is None:
             raise AbortError("no graph")
-        _check_user_inputs("step", inputs, self._input_decls)
-        feeds = dict(inputs)
+        feeds: dict[str, Any] = dict(data)
         t = self._t + 1
         feeds.update(self._opt.host_scalars(self._lr, t))
         prng = PRNG_SEED_INPUT in exe.inputs
         if prng:
             feeds[PRNG_SEED_INPUT] = self._prng_counter + 1
-        checked = _feed_bytes(exe, feeds)  # validated before the step counter moves
-        self._t = t
+        checked = _feed_bytes(exe, feeds)
         if prng:
             self._prng_counter += 1
-        out, caps = await exe.run(checked)
+        out, caps, applied = await exe.run(checked)
         loss = _scalar(out)
-        if not math.isfinite(loss):
-            return Failed(FloatingPointError(f"loss is {loss} at step {t}: training diverged "
-                                             "(lower the learning rate, clip gradients)"))
+        if not math.isfinite(loss) or not applied:
+            what = (f"loss is {loss}" if not math.isfinite(loss) else
+                    f"the loss is finite ({loss:.6g}) but a gradient is not")
+            culprit = _non_finite_input(data, {n: d.dtype for n, d in self._decls.items()})
+            return Failed(FloatingPointError(
+                f"{what} at step {t}: the update was skipped, params and optimizer state are "
+                "unchanged" + (f"; {culprit}" if culprit else
+                               " (training diverged: lower the learning rate, clip gradients)")))
+        self._t = t
         return Completed(loss=loss, captures=Captures(caps))
 
     # -- params and state ----------------------------------------------------------------
-    async def upload_params(self, params: Mapping[str, Any], partial: bool = False) -> None:
-        """Write params {name: array}; every name unless `partial`. Validated before writing."""
-        self._live_store().upload(params, partial)
+    def upload_params(self, params: Mapping[str, Any], partial: bool = False
+                      ) -> Coroutine[Any, Any, None]:
+        """Write params {name: array}; every name unless `partial`. Checked and copied when
+        called (a bad name or size raises then); written in call order with the steps."""
+        store = self._live_store()
+        data = store.check(params, partial)
+        return self._queue.submit(lambda: self._write_params(store, data))
 
-    async def download_params(self) -> dict[str, Any]:
-        """{name: array} of every param."""
-        return await self._live_store().download()
+    async def _write_params(self, store: ParamStore, data: Mapping[str, bytes]) -> None:
+        if store is not self._store:
+            raise AbortError("upload_params: the model was replaced or destroyed before the "
+                             "upload ran")
+        store.write(data)
 
-    async def download_param_grads(self) -> dict[str, Any]:
+    def download_params(self) -> Coroutine[Any, Any, dict[str, Any]]:
+        """{name: array} of every param (after the calls made before this one)."""
+        return self._queue.submit(lambda: self._live_store().download())
+
+    def download_param_grads(self) -> Coroutine[Any, Any, dict[str, Any]]:
         """{name: array}: the gradients computed by the last step (zeros before any)."""
-        exe = self._live_exe()
-        names = list(self._grads)
-        values = await exe.read([self._grads[n] for n in names])
-        return dict(zip(names, values))
+        async def read() -> dict[str, Any]:
+            names = list(self._grads)
+            values = await self._live_exe().read([self._grads[n] for n in names])
+            return dict(zip(names, values))
+        return self._queue.submit(read)
 
-    async def reset(self, params: bool = True, optimizer: bool = True) -> None:
+    def reset(self, params: bool = True, optimizer: bool = True) -> Coroutine[Any, Any, None]:
         """Re-initialise params (same seed, same values as at compile) and/or optimizer
-        state (zeros, step counter 0)."""
-        if params:
-            self._live_store().reset()
-        if optimizer:
-            await self.reset_optimizer_state()
+        state (zeros, step counter 0), in call order with the steps."""
+        async def reset() -> None:
+            if params:
+                self._live_store().reset()
+            if optimizer:
+                self._zero_optimizer_state()
+        return self._queue.submit(reset)
 
-    async def reset_optimizer_state(self) -> None:
+    def reset_optimizer_state(self) -> Coroutine[Any, Any, None]:
         """Zero every optimizer state buffer and restart the step counter."""
+        async def reset() -> None:
+            self._zero_optimizer_state()
+        return self._queue.submit(reset)
+
+    def _zero_optimizer_state(self) -> None:
         exe = self._live_exe()
         for node in exe.graph.states.values():
             init = float(node.attrs.get("init", 0.0))
             exe.write(node.id, to_bytes("state", [init] * node.size, node.shape, "f32"))
         self._t = 0
 
-    async def set_lr(self, lr: Any) -> None:
-        """Replace the learning rate or schedule; schedules start at the next step."""
-        from .lr import rebase
+    def set_lr(self, lr: Any) -> Coroutine[Any, Any, None]:
+        """Replace the learning rate or schedule (checked when called); it applies from the
+        next step after the calls made before this one, a schedule starting there."""
         self._live_exe()
-        self._lr = rebase(lr, self._t + 1)
+        rebase(lr, 1)  # checks it now
 
-    async def replace_model(self, model: Module, seed: int | None = None,
-                            optimizer: Any = None) -> None:
-        """Swap in a new model (fresh params, optimizer state and step counter). Calls in
-        flight return Aborted; attached forwards retrace against the new model."""
+        async def apply() -> None:
+            self._live_exe()
+            self._lr = rebase(lr, self._t + 1)
+        return self._queue.submit(apply)
+
+    def replace_model(self, model: Module, seed: int | None = None,
+                      optimizer: Any = None) -> Coroutine[Any, Any, None]:
+        """Swap in a new model (fresh params, optimizer state and step counter). Calls made
+        before it return Aborted if they had not finished; attached forwards retrace against
+        the new model. The rebuild runs once the calls before it are done."""
         self._live_exe()
         self._generation += 1
-        old_exe, old_store = self._exe, self._store
         for child in self._children:
             child._invalidate()
-        self._build(model, optimizer if optimizer is not None else self._optimizer, seed)
-        if old_exe is not None:
-            old_exe.destroy()
-        if old_store is not None:
-            old_store.destroy()
+
+        async def rebuild() -> None:
+            old_exe, old_store = self._exe, self._store
+            self._build(model, optimizer if optimizer is not None else self._optimizer, seed)
+            if old_exe is not None:
+                old_exe.destroy()
+            if old_store is not None:
+                old_store.destroy()
+        return self._queue.submit(rebuild)
 
     async def attach(self, forward: Callable[..., Any], inputs: Mapping[str, Any],
                      output: str = "f32", max_cached_shapes: int = 8) -> Forward:
@@ -308,6 +384,13 @@ class Forward(_Runner):
         self._own_model = model
         self._cache: OrderedDict[str, tuple[Executable, Any]] = OrderedDict()
         self._prng_counter = 0
+        self._dtypes = {n: d.dtype for n, d in normalize_inputs(self._input_decls).items()}
+        self._own_queue = CallQueue()
+
+    @property
+    def _queue(self) -> CallQueue:
+        """The owner's queue for an attached forward (its runs order with the steps)."""
+        return self._owner._queue if self._owner else self._own_queue
 
     @property
     def _store(self) -> ParamStore:
@@ -342,20 +425,22 @@ class Forward(_Runner):
 
     def graph_for(self, **inputs: Any) -> Executable:
         """The executable for these inputs' shapes (compiled on first use, LRU-cached)."""
-        dtypes = {n: d.dtype for n, d in normalize_inputs(self._input_decls).items()}
-        shapes = {n: (s, dtypes[n]) for n, s in resolve_shapes(self._input_decls, inputs).items()}
-        key = "|".join(f"{n}:{'x'.join(map(str, s))}:{d}" for n, (s, d) in sorted(shapes.items()))
+        return self._executable(resolve_shapes(self._input_decls, inputs))
+
+    def _executable(self, shapes: Mapping[str, tuple[int, ...]]) -> Executable:
+        typed = {n: (s, self._dtypes[n]) for n, s in shapes.items()}
+        key = "|".join(f"{n}:{'x'.join(map(str, s))}:{d}" for n, (s, d) in sorted(typed.items()))
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit[0]
-        c = compile_graph(Request("forward", self._model, self._forward, shapes,
+        c = compile_graph(Request("forward", self._model, self._forward, typed,
                                   output=self._output),
                           Options.for_device(self.device, fuse=self._fuse,
                                              chunk_size=self._chunk_size, store=self._store))
         exe = c.executable
         assert exe is not None
-        self._cache[key] = (exe, shapes)
+        self._cache[key] = (exe, typed)
         while len(self._cache) > self._max_cached:
             _, (old, _) = self._cache.popitem(last=False)
             old.destroy()
@@ -363,28 +448,50 @@ class Forward(_Runner):
 
     def run(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
         """Run the forward (await it): Completed(output, captures), Aborted() or
-        Failed(error)."""
-        return self._guard(lambda: self._run(inputs), self._generation)
+        Failed(error). The inputs are checked and copied when run is called; runs of an
+        attached forward take their turn with the training's steps, in call order."""
+        generation = self._generation
+        try:
+            _check_user_inputs("run", inputs, self._input_decls)
+            shapes = resolve_shapes(self._input_decls, inputs)
+            data = _snapshot("run", inputs, shapes, self._dtypes)
+        except Exception as e:  # noqa: BLE001 - run reports failures, never raises
+            failure = Failed(e)
+            return self._queue.submit(lambda: _value(failure))
+        return self._queue.submit(lambda: self._guard(lambda: self._run(shapes, data),
+                                                      generation))
 
-    async def _run(self, inputs: Mapping[str, Any]) -> Result:
-        _check_user_inputs("run", inputs, self._input_decls)
-        exe = self.graph_for(**inputs)
-        feeds = dict(inputs)
+    async def _run(self, shapes: Mapping[str, tuple[int, ...]], data: Mapping[str, bytes]
+                   ) -> Result:
+        exe = self._executable(shapes)
+        feeds: dict[str, Any] = dict(data)
         if PRNG_SEED_INPUT in exe.inputs:
             self._prng_counter += 1
             feeds[PRNG_SEED_INPUT] = self._prng_counter
-        out, caps = await exe.run(_feed_bytes(exe, feeds))
+        out, caps, _ = await exe.run(_feed_bytes(exe, feeds))
         return Completed(output=out, captures=Captures(caps))
 
     def output_shape(self, **inputs: Any) -> tuple[int, ...]:
         exe = self.graph_for(**inputs)
         return exe.graph[exe.output_id].shape
 
-    async def upload_params(self, params: Mapping[str, Any], partial: bool = False) -> None:
-        self._store.upload(params, partial)
+    def upload_params(self, params: Mapping[str, Any], partial: bool = False
+                      ) -> Coroutine[Any, Any, None]:
+        """Write params {name: array} (the owner's, for an attached forward); checked and
+        copied when called, written in call order."""
+        store = self._store
+        data = store.check(params, partial)
 
-    async def download_params(self) -> dict[str, Any]:
-        return await self._store.download()
+        async def write() -> None:
+            if store is not self._store:
+                raise AbortError("upload_params: the model was replaced or destroyed before "
+                                 "the upload ran")
+            store.write(data)
+        return self._queue.submit(write)
+
+    def download_params(self) -> Coroutine[Any, Any, dict[str, Any]]:
+        """{name: array} of every param (after the calls made before this one)."""
+        return self._queue.submit(lambda: self._store.download())
 
     def destroy(self) -> None:
         if self._destroyed:

@@ -110,8 +110,12 @@ class Compilation:
         return self.optimizer.writebacks if self.optimizer else ()
 
     def roots(self) -> set[int]:
-        """Nodes every pass must keep: the output, the gradients, the writeback sources."""
-        return {self.output, *self.grads.values(), *(wb.source for wb in self.writebacks)}
+        """Nodes every pass must keep: the output, the gradients, the writeback sources, the
+        step guard."""
+        status = () if self.optimizer is None or self.optimizer.status is None else (
+            self.optimizer.status,)
+        return {self.output, *self.grads.values(), *(wb.source for wb in self.writebacks),
+                *status}
 
     def renumber(self, graph: Graph, remap: Mapping[int, int]) -> None:
         """Adopt `graph`, whose ids relate to the old ones by `remap`."""
@@ -159,8 +163,9 @@ def _optimizer(c: Compilation, o: Options) -> None:
         raise ValueError("compile: a training graph needs an optimizer (tg.optim.Adam(...), "
                          "AdamW or SGD)")
     c.optimizer = append_optimizer(c.graph, c.grads, c.request.optimizer,
-                                   {n: s.decay for n, s in c.params.items()}, limits=o.limits)
-    c.graph.outputs = [c.output]
+                                   {n: s.decay for n, s in c.params.items()}, limits=o.limits,
+                                   loss=c.output)
+    c.graph.outputs = [c.output] + ([] if c.optimizer.status is None else [c.optimizer.status])
 
 
 def _plan(c: Compilation, o: Options) -> None:
@@ -179,7 +184,8 @@ def _build(c: Compilation, o: Options) -> None:
     try:
         c.executable = build_executable(o.device, c.graph, c.plan, c.kernels, c.output,
                                         pipeline_cache(o.device), o.chunk_size,
-                                        shared_param_buffers(c.graph, c.plan, store))
+                                        shared_param_buffers(c.graph, c.plan, store),
+                                        status_id=c.optimizer.status if c.optimizer else None)
     except BaseException:
         if store is not o.store:
             store.destroy()

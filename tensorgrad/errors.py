@@ -6,7 +6,8 @@ the user's line), :class:`DeviceLimitError` (a tensor too large for the device),
 rejected), :class:`PlanError` (an internal inconsistency in a buffer plan).
 Running it: :class:`AbortError` (the graph was replaced or destroyed meanwhile; ``step`` and
 ``run`` report it as ``Aborted()``), :class:`DeviceLostError` (the GPU device is gone).
-Across the worker boundary: :class:`RemoteError`, raised on the page for an exception of the
+Across the worker boundary: :class:`ProtocolError` (a message the protocol table does not
+allow) and :class:`RemoteError`, raised on the page for an exception of the
 worker, which travels as its class name; :func:`remote_error` maps that name back to the class
 above (or the built-in) of that name, so ``except tg.ShapeError`` works on the page too.
 """
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["ERRORS", "AbortError", "DeviceLimitError", "DeviceLostError", "PlanError",
-           "RemoteError", "ShaderCompileError", "ShapeError", "TraceError", "error_class",
+           "ProtocolError", "RemoteError", "ShaderCompileError", "ShapeError", "TraceError", "error_class",
            "remote_error", "user_call_site"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -104,6 +105,11 @@ class DeviceLostError(RuntimeError):
 
 # ---- across the worker boundary ------------------------------------------------------------
 
+class ProtocolError(ValueError):
+    """A worker message its protocol table does not allow: an unknown kind, or a payload that
+    is not an object with the table's fields (see :mod:`tensorgrad.web.protocol`)."""
+
+
 class RemoteError(Exception):
     """An exception raised in the worker (or by the JS client): the worker's exception type
     ``name``, its ``message`` (``str(err)``) and its formatted ``remote_traceback``.
@@ -131,7 +137,7 @@ class RemoteError(Exception):
 
 ERRORS: dict[str, type[Exception]] = {cls.__name__: cls for cls in (
     ShapeError, DeviceLimitError, TraceError, ShaderCompileError, PlanError, AbortError,
-    DeviceLostError, RemoteError)}
+    DeviceLostError, ProtocolError, RemoteError)}
 _REMOTE_CLASSES: dict[str, type[RemoteError]] = {}
 
 

@@ -1,14 +1,18 @@
-"""`single_flight`: at most one call of an async function in flight, the newest one queued.
+"""Calls in flight: :class:`single_flight` (at most one call running, the newest one queued)
+and :class:`CallQueue` (every call runs, one at a time, in call order).
 
-Made for forward runs driven by a UI (a canvas redrawn on every mouse move): while one call
-runs, a newer call replaces the queued one, which returns :class:`~tensorgrad.Aborted`.
+`single_flight` is made for forward runs driven by a UI (a canvas redrawn on every mouse
+move): while one call runs, a newer call replaces the queued one, which returns
+:class:`~tensorgrad.Aborted`. `CallQueue` orders everything a training handle does to its GPU
+state (steps, uploads, resets, forward runs), so that nothing lands inside a step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 from .results import Aborted
@@ -71,3 +75,61 @@ class single_flight(Generic[T]):  # lower case: used like a function (a decorato
             turn.set_result(True)  # it runs next; _busy stays True
         else:
             self._busy = False
+
+
+class CallQueue:
+    """Runs calls one at a time, in the order they were made.
+
+    :meth:`submit` starts the call at once as a task (when an event loop runs), and the task
+    waits for its turn first, so calls made in a row — a ``step`` not yet awaited, then an
+    ``upload_params`` — run in that order however they are awaited, and never interleave.
+    Loop-agnostic: waiters are futures of whichever loop the call runs in."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def submit(self, fn: Callable[[], Awaitable[T]]) -> Coroutine[Any, Any, T]:
+        """Queue ``fn()``; a coroutine of its result. When an event loop runs, the call is
+        already under way as a task (so it keeps its place even if the coroutine is awaited
+        late, or wrapped in ``asyncio.create_task``); otherwise it starts when awaited."""
+        coro = self._run(fn)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return coro
+        return _result_of(loop.create_task(coro))
+
+    async def _run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        await self._acquire()
+        try:
+            return await fn()
+        finally:
+            self._release()
+
+    async def _acquire(self) -> None:
+        if not self._busy:
+            self._busy = True
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._release()  # given the turn, then cancelled: pass it on
+            else:
+                self._waiters.remove(turn)
+            raise
+
+    def _release(self) -> None:
+        while self._waiters:
+            turn = self._waiters.popleft()
+            if not turn.done():
+                turn.set_result(None)  # the next call runs; still busy
+                return
+        self._busy = False
+
+
+async def _result_of(task: asyncio.Task[T]) -> T:
+    return await task

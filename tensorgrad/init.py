@@ -1,4 +1,4 @@
-"""Param initializers (plain, serializable data) and the seeded generator that realizes them.
+"""Param initializers (plain data) and the seeded generator that realizes them.
 
 Specs: :func:`randn`, :func:`kaiming`, :func:`zeros`, :func:`ones`, :func:`literal` (frozen
 dataclasses). A :class:`ParamSpec` is a named param: shape, dtype, init spec, decay, fan-in.

@@ -221,6 +221,7 @@ class OptimizerPlan:
     decayed: tuple[str, ...] = ()
     normalized: tuple[str, ...] = ()
     params: tuple[str, ...] = field(default=())
+    status: int | None = None  # the step guard node: 1.0 when the update was applied
 
     def host_scalars(self, config_or_lr: OptimizerConfig | lr_mod.LR, t: int) -> dict[str, float]:
         """{hidden input name: value} for step `t`, from an LR (number or schedule, e.g.
@@ -239,7 +240,8 @@ class OptimizerPlan:
     def renumbered(self, remap: Mapping[int, int]) -> OptimizerPlan:
         """The same plan with writeback sources re-pointed through `remap` (old id → new)."""
         return replace(self, writebacks=tuple(wb._replace(source=remap[wb.source])
-                                              for wb in self.writebacks))
+                                              for wb in self.writebacks),
+                       status=None if self.status is None else remap[self.status])
 
     def __str__(self) -> str:
         head = (f"optimizer {self.config.kind}: {len(self.params)} params, hidden inputs "
@@ -304,12 +306,14 @@ class _Appender:
     gnorm: dict[str, Tensor]
     gtotal: Tensor | None
     clip: float | None
+    ok: Tensor | None = None
     states: list[str] = field(default_factory=list)
     writebacks: list[Writeback] = field(default_factory=list)
 
     def scale(self, name: str) -> dict[str, Any]:
         """The gradient-scale arguments of an update op for param `name`."""
-        return {"gnorm": self.gnorm.get(name), "gtotal": self.gtotal, "clip": self.clip}
+        return {"gnorm": self.gnorm.get(name), "gtotal": self.gtotal, "clip": self.clip,
+                "ok": self.ok}
 
     def state(self, name: str, shape: tuple[int, ...]) -> Tensor:
         self.states.append(name)
@@ -350,19 +354,23 @@ def _append_adam(a: _Appender, config: Adam | AdamW, decayed: list[str],
             state = a.state(f"adam_{part}_{n}", (2, *p.shape) if part == "mv" else p.shape)
             moments.append(oo.adam_moments(state, g, part, **kw))
             a.write(moments[-1], f"adam_{part}_{n}", "state")
-        p_new = oo.adam_update_p(p, moments, lrt, config.eps, shrink if n in decayed else None)
+        p_new = oo.adam_update_p(p, moments, lrt, config.eps, shrink if n in decayed else None,
+                                 ok=a.ok)
         a.write(p_new, n, "param")
     return (ADAM_LRT, ADAM_SHRINK) if decayed else (ADAM_LRT,)
 
 
 def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerConfig,
                      decay: Mapping[str, bool | None] | None = None, *,
-                     limits: DeviceLimits | None = None) -> OptimizerPlan:
+                     limits: DeviceLimits | None = None, loss: int | None = None
+                     ) -> OptimizerPlan:
     """Append `config`'s update of every param in `grads` ({param name: grad node id}) to
     `graph`, in `grads` order. `decay` holds per-param decay flags (None: no flag, the filter
     decides). `limits` (default: WebGPU's defaults) decides whether Adam's m and v share one
     ``[2, *shape]`` state (two kernels per param instead of three): they do when it fits one
-    binding."""
+    binding. With `loss` (its node id) the update is guarded: when the loss or any gradient
+    is not finite, every update op writes its old value back, and the plan's `status` node
+    (1.0 applied, 0.0 skipped) says so."""
     if not isinstance(config, tuple(CONFIGS.values())):
         raise TypeError(f"append_optimizer: expected an optim.Adam, AdamW or SGD config, got "
                         f"{type(config).__name__}")
@@ -384,6 +392,7 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
     clip = config.clip_grad_norm
     with tracing(graph, capture=False):
         g = {n: Tensor(graph, grads[n]) for n in names}
+        ok = oo.step_ok(Tensor(graph, loss), list(g.values())) if loss is not None else None
         # Sums of squares: every param's when clipping, else the normalized ones'.
         sumsq = {n: oo.grad_sumsq(g[n]) for n in names if clip is not None or n in normalized}
         gtotal = None
@@ -391,13 +400,14 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
             gtotal = oo.grad_norm_total([(sumsq[n], "normalized" if n in normalized else "raw")
                                          for n in names])
         appender = _Appender(g, {n: Tensor(graph, params[n].id) for n in names},
-                             {n: sumsq[n] for n in normalized}, gtotal, clip)
+                             {n: sumsq[n] for n in normalized}, gtotal, clip, ok)
         if isinstance(config, SGD):
             scalars = _append_sgd(appender, config, decayed)
         else:
             scalars = _append_adam(appender, config, decayed, limits or DeviceLimits())
     return OptimizerPlan(config, tuple(appender.writebacks), scalars, tuple(appender.states),
-                         tuple(decayed), tuple(normalized), tuple(names))
+                         tuple(decayed), tuple(normalized), tuple(names),
+                         None if ok is None else ok.id)
 
 
 __all__ = ["ADAM_LRT", "ADAM_SHRINK", "SGD", "SGD_LR", "Adam", "AdamW", "OptimizerConfig",

@@ -42,8 +42,9 @@ class ParamStore:
         for name, values in init_params(self.specs, self.seed).items():
             self.device.write_buffer(self.buffers[name], memoryview(values).cast("B"))
 
-    def upload(self, params: Mapping[str, Any], partial: bool = False) -> None:
-        """Write {name: array}; strict unless `partial`. Everything is checked first."""
+    def check(self, params: Mapping[str, Any], partial: bool = False) -> dict[str, bytes]:
+        """{name: bytes} of {name: array}, every name unless `partial`: validated and copied
+        (a later change to the caller's arrays changes nothing)."""
         unknown = sorted(set(params) - set(self.specs))
         if unknown:
             raise KeyError(f"upload_params: unknown param(s) {unknown}; the model has "
@@ -52,10 +53,18 @@ class ParamStore:
         if missing and not partial:
             raise KeyError(f"upload_params: missing param(s) {missing} (pass partial=True "
                            "to upload a subset)")
-        data = {n: to_bytes(f"upload_params '{n}'", v, self.specs[n].shape, self.specs[n].dtype)
+        return {n: bytes(to_bytes(f"upload_params '{n}'", v, self.specs[n].shape,
+                                  self.specs[n].dtype))
                 for n, v in params.items()}
+
+    def write(self, data: Mapping[str, bytes]) -> None:
+        """Write what :meth:`check` gave."""
         for name, view in data.items():
             self.device.write_buffer(self.buffers[name], view)
+
+    def upload(self, params: Mapping[str, Any], partial: bool = False) -> None:
+        """Write {name: array}; strict unless `partial`. Everything is checked first."""
+        self.write(self.check(params, partial))
 
     async def download(self) -> dict[str, Any]:
         names = self.names
@@ -123,6 +132,7 @@ class Executable:
     owned: list[bool]
     program: Any
     output_id: int
+    status_id: int | None = None  # the step guard (1.0: the update was applied)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     destroyed: bool = False
     inputs: dict[str, Any] = field(default_factory=dict)  # input name -> node, cached
@@ -142,10 +152,11 @@ class Executable:
         return self.buffer_of(node.id)
 
     async def run(self, feeds: Mapping[str, Any], read_captures: bool = True
-                  ) -> tuple[Any, dict[str, Any]]:
+                  ) -> tuple[Any, dict[str, Any], bool]:
         """Write `feeds` (every graph input, hidden ones included), run, read back.
 
-        Returns the output array and {capture name: array}."""
+        Returns the output array, {capture name: array} and whether the step guard let the
+        update through (True for a graph without one)."""
         writes = []
         inputs = self.inputs
         for name, node in inputs.items():
@@ -160,6 +171,8 @@ class Executable:
                              f"{sorted(n for n in inputs if not n.startswith('_'))}")
         out_node = self.graph[self.output_id]
         reads = [(self.buffer_of(out_node.id), max(4, out_node.nbytes))]
+        if self.status_id is not None:
+            reads.append((self.buffer_of(self.status_id), 4))
         captures = list(self.graph.captures.items()) if read_captures else []
         reads += [(self.buffer_of(i), max(4, self.graph[i].nbytes)) for _, i in captures]
         async with self.lock:
@@ -167,9 +180,13 @@ class Executable:
                 raise AbortError("graph destroyed")
             data = await self.device.execute(self.program, writes, reads)
         out = from_bytes(data[0], out_node.shape, out_node.dtype)
+        applied = True
+        if self.status_id is not None:
+            applied = bytes(data[1][:4]) != b"\x00\x00\x00\x00"  # 1.0f or 0.0f
+            data = data[1:]
         caps = {name: from_bytes(d, self.graph[i].shape, self.graph[i].dtype)
                 for (name, i), d in zip(captures, data[1:])}
-        return out, caps
+        return out, caps, applied
 
     async def read(self, node_ids: list[int]) -> list[Any]:
         reads = [(self.buffer_of(i), max(4, self.graph[i].nbytes)) for i in node_ids]
@@ -192,7 +209,8 @@ class Executable:
 
 def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[Kernel],
                      output_id: int, pipelines: PipelineCache, chunk_size: int,
-                     shared: Mapping[int, Any] | None = None) -> Executable:
+                     shared: Mapping[int, Any] | None = None,
+                     status_id: int | None = None) -> Executable:
     """Create buffers (reusing `shared` {buffer index: handle}), pipelines and the program."""
     shared = shared or {}
     buffers, owned = [], []
@@ -226,4 +244,5 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
             if own:
                 device.destroy_buffer(buf)
         raise
-    return Executable(device, graph, plan, kernels, buffers, owned, program, output_id)
+    return Executable(device, graph, plan, kernels, buffers, owned, program, output_id,
+                      status_id)

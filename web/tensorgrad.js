@@ -9,7 +9,9 @@
 //   if (r.kind === "completed") console.log(r.loss);
 //
 // Requests reject with an Error carrying the Python `name`, `message` and `traceback`;
-// step() and run() never reject: failures resolve to {kind: "failed", error}.
+// step() and run() never reject: failures resolve to {kind: "failed", error}. Every request
+// is checked against the worker's protocol table (tensorgrad/web/protocol.py, sent with the
+// "ready" message) before it is posted: an unknown kind or field rejects with a ProtocolError.
 
 const DEFAULT_WORKER = new URL("./worker.mjs", import.meta.url);
 
@@ -58,12 +60,39 @@ export class Session {
     this.nextId = 1;
     this.dead = null;          // an Error once the worker is gone
     this.timings = null;       // from the "ready" progress message
+    this.protocol = null;      // {kind: {required, optional}}, from the "ready" message
+  }
+
+  /** A ProtocolError for a request the worker's table does not allow, else null. */
+  check(kind, payload) {
+    if (!this.protocol) return null;
+    const entry = this.protocol[kind];
+    const fail = (message) => Object.assign(new Error(message), { name: "ProtocolError" });
+    if (!entry) return fail(`unknown message kind ${JSON.stringify(kind)} (known: ` +
+                            `${Object.keys(this.protocol).join(", ")})`);
+    const fields = [...entry.required, ...entry.optional];
+    const expected = [...entry.required, ...entry.optional.map((f) => f + "?")].join(", ");
+    if (payload === null || typeof payload !== "object" || Array.isArray(payload)) {
+      return fail(`${kind}: the payload must be an object {${expected}}`);
+    }
+    const given = Object.keys(payload).filter((k) => payload[k] !== undefined);
+    const missing = entry.required.filter((f) => payload[f] === undefined || payload[f] === null);
+    const unknown = given.filter((k) => !fields.includes(k));
+    if (missing.length || unknown.length) {
+      const parts = [];
+      if (missing.length) parts.push(`missing [${missing.join(", ")}]`);
+      if (unknown.length) parts.push(`unknown [${unknown.join(", ")}]`);
+      return fail(`${kind}: payload field(s) ${parts.join(" and ")}; expected {${expected}}`);
+    }
+    return null;
   }
 
   /** Send `{id, kind, payload}`; resolves with `result`, rejects with the remote error.
    *  `transfer` lists ArrayBuffers to move (not copy) to the worker. */
-  request(kind, payload, { transfer = [], onPost } = {}) {
+  request(kind, payload = {}, { transfer = [], onPost } = {}) {
     if (this.dead) return Promise.reject(this.dead);
+    const invalid = this.check(kind, payload);
+    if (invalid) return Promise.reject(invalid);
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject, onPost });
@@ -98,17 +127,22 @@ export class Session {
   }
 
   /** Run Python source in the worker's namespace; the repr of its last expression or null. */
-  exec(source) { return this.request("exec", source); }
+  exec(source) { return this.request("exec", { source }); }
 
   /** Fetch Python source from `url` (relative to the page) and run it like exec. */
-  load(url) { return this.request("load", new URL(url, self.location.href).href); }
+  load(url) {
+    const href = new URL(url, self.location.href).href;
+    return this.request("load", { url: href });
+  }
 
   /** Run source defining `async def main()`; `tensorgrad.web.post(obj)` calls `onPost(obj)`. */
-  runScript(source, { onPost } = {}) { return this.request("runScript", source, { onPost }); }
+  runScript(source, { onPost } = {}) { return this.request("runScript", { source }, { onPost }); }
 
-  ping(value = null) { return this.request("ping", value); }
+  ping(value = null) { return this.request("ping", { value }); }
 
-  /** Compile a training step: {model: "MLP()", loss: "loss_fn", inputs, optimizer, seed?}. */
+  /** Compile a training step: {model: "MLP()", loss: "loss_fn", inputs, optimizer?, seed?};
+   *  optimizer is an expression ("tg.optim.Adam(lr=1e-3)") or plain data ({kind: "adam",
+   *  lr: 1e-3}, lr a number or a schedule such as {kind: "linear", peak, final, steps}). */
   async compile(spec) {
     const info = await this.request("compile", spec);
     return new Train(this, info, spec);
@@ -135,7 +169,13 @@ export class Forward {
   constructor(session, info) {
     this.session = session;
     this.graphId = info.graphId;
-    this.paramNames = info.paramNames;
+    this._update(info);
+  }
+
+  _update(info) {
+    this.paramNames = info.paramNames;      // in param order
+    this.paramShapes = info.paramShapes;    // {name: shape}
+    this.paramCount = info.paramCount;      // how many values in all
   }
 
   /** Resolves {kind: "completed", output, outputShape, captures} | aborted | failed. */
@@ -159,8 +199,12 @@ export class Forward {
 export class Train extends Forward {
   constructor(session, info, spec) {
     super(session, info);
-    this.kernelCount = info.kernelCount;
     this.spec = spec;
+  }
+
+  _update(info) {
+    super._update(info);
+    this.kernelCount = info.kernelCount;
   }
 
   /** One training step; `inputs` ({name: Float32Array | Int32Array}) are transferred.
@@ -171,20 +215,27 @@ export class Train extends Forward {
   }
 
   /** A forward graph sharing this graph's parameters: {forward: "fn", inputs, output?}. */
-  async attach(spec) {
-    const info = await this.session.request("attach", { graphId: this.graphId, ...spec });
+  async attach({ forward, inputs, output } = {}) {
+    const info = await this.session.request("attach",
+                                            { graphId: this.graphId, forward, inputs, output });
     return new Forward(this.session, info);
   }
 
-  /** A number, or a Python expression building a schedule. */
+  /** Re-initialise params (same seed) and/or optimizer state ({params, optimizer}: both
+   *  true by default). */
+  reset({ params = true, optimizer = true } = {}) {
+    return this.session.request("reset", { graphId: this.graphId, params, optimizer });
+  }
+
+  /** A number, a schedule as plain data ({kind: "cosine_annealing", ...}), or a Python
+   *  expression building one. */
   setLR(lr) { return this.session.request("setLR", { graphId: this.graphId, lr }); }
 
   /** Recompile for a new model expression ({seed?, optimizer?}); the handle stays valid. */
-  async replaceModel(model, options = {}) {
+  async replaceModel(model, { seed, optimizer } = {}) {
     const info = await this.session.request("replaceModel",
-                                            { graphId: this.graphId, model, ...options });
-    this.paramNames = info.paramNames;
-    this.kernelCount = info.kernelCount;
+                                            { graphId: this.graphId, model, seed, optimizer });
+    this._update(info);
     return info;
   }
 }
@@ -204,6 +255,7 @@ export function start({ onProgress, workerUrl = DEFAULT_WORKER, wheelUrl, indexU
         onProgress?.(msg);
         if (msg.stage === "ready") {
           session.timings = msg.timings;
+          session.protocol = msg.protocol ?? null;
           resolve(session);
         } else if (msg.stage === "error") {
           const err = remoteError(msg.error);
@@ -226,4 +278,93 @@ export function start({ onProgress, workerUrl = DEFAULT_WORKER, wheelUrl, indexU
     worker.onerror = onError;
     worker.onmessageerror = () => session._fail(new Error("a message from the worker could not be read"));
   });
+}
+
+/** Latest-wins wrapper for a one-argument async function: at most one call in flight and one
+ *  queued. A newer call displaces the queued one, which resolves {kind: "aborted"}; the others
+ *  resolve {kind: "completed", value}. A rejection of `fn` rejects that caller's promise. */
+export function singleFlight(fn) {
+  let busy = false;
+  let queued = null;
+  const run = (arg, resolve, reject) => {
+    busy = true;
+    Promise.resolve()
+      .then(() => fn(arg))
+      .then((value) => resolve({ kind: "completed", value }), reject)
+      .finally(() => {
+        busy = false;
+        const next = queued;
+        queued = null;
+        if (next) run(next.arg, next.resolve, next.reject);
+      });
+  };
+  return (arg) => new Promise((resolve, reject) => {
+    if (!busy) return run(arg, resolve, reject);
+    queued?.resolve({ kind: "aborted" });
+    queued = { arg, resolve, reject };
+  });
+}
+
+// The adapter probe, run in a throwaway module worker: a first requestAdapter() on the page's
+// main thread can stall rendering for a long time.
+const PROBE = `
+const gpu = globalThis.navigator?.gpu;
+let result = { ok: false, reason: "no-webgpu" };
+if (gpu) {
+  result = { ok: false, reason: "no-adapter" };
+  for (const delay of [0, 100, 400]) {
+    if (delay) await new Promise((r) => setTimeout(r, delay));
+    const adapter = await gpu.requestAdapter({ powerPreference: "high-performance" }).catch(() => null);
+    if (adapter) {
+      const info = adapter.info ?? {};
+      result = { ok: true, name: [info.vendor, info.architecture].filter(Boolean).join(" ") };
+      break;
+    }
+  }
+}
+postMessage(result);
+`;
+
+const MESSAGES = {
+  "no-webgpu": "WebGPU is not available in this browser (navigator.gpu is missing). Use a " +
+    "recent Chrome, Edge or Safari, served from https:// or http://127.0.0.1.",
+  "no-adapter": "WebGPU is present but no GPU adapter is available (the GPU is blocked or " +
+    "unsupported; on Linux, Chrome needs --enable-unsafe-webgpu).",
+};
+
+let webgpuReady = null;  // the cached success
+
+function probeHere() {
+  return new Promise((resolve) => {
+    const blob = new Blob([PROBE], { type: "text/javascript" });
+    let worker;
+    try {
+      worker = new Worker(URL.createObjectURL(blob), { type: "module" });
+    } catch {
+      resolve(null);  // workers unusable: probe on this thread
+      return;
+    }
+    const timer = setTimeout(() => { worker.terminate(); resolve(null); }, 10_000);
+    worker.onmessage = (event) => { clearTimeout(timer); worker.terminate(); resolve(event.data); };
+    worker.onerror = () => { clearTimeout(timer); worker.terminate(); resolve(null); };
+  });
+}
+
+async function probeThread() {
+  const gpu = globalThis.navigator?.gpu;
+  if (!gpu) return { ok: false, reason: "no-webgpu" };
+  const adapter = await gpu.requestAdapter().catch(() => null);
+  return adapter ? { ok: true, name: adapter.info?.vendor ?? "" } : { ok: false, reason: "no-adapter" };
+}
+
+/** Whether this browser can run tensorgrad: {ok, message, reason?} with reason "no-webgpu" or
+ *  "no-adapter". The adapter is probed in a throwaway worker, so the page never stalls; a
+ *  success is cached, a failure is not (a later call can see a recovery). */
+export async function checkWebGPU() {
+  if (webgpuReady) return webgpuReady;
+  if (!globalThis.navigator?.gpu) return { ok: false, reason: "no-webgpu", message: MESSAGES["no-webgpu"] };
+  const got = (await probeHere()) ?? (await probeThread());
+  if (!got.ok) return { ok: false, reason: got.reason, message: MESSAGES[got.reason] };
+  webgpuReady = { ok: true, message: `WebGPU ready${got.name ? ": " + got.name : ""}` };
+  return webgpuReady;
 }

@@ -1,10 +1,12 @@
 // tensorgrad's module Web Worker: loads Pyodide and the tensorgrad wheel, then hands every
-// message from the page to Python's message loop (tensorgrad.worker.handle) and posts replies.
+// message from the page to Python's message loop (tensorgrad.web.worker.handle) and posts
+// replies. The messages are described by one table, tensorgrad/web/protocol.py; the "ready"
+// progress message carries it to the page client, which checks its requests against it.
 //
 //   page → worker  {id, kind, payload}
 //   worker → page  {id, ok: true, result} | {id, ok: false, error: {name, message, traceback}}
 //                  {kind: "progress", stage, ms, ...}   stage: loading-pyodide | installing |
-//                                                       ready | error
+//                                                       ready (with protocol) | error
 //                  {kind: "post", id, data}             from tensorgrad.web.post() in Python
 //
 // Where things come from: the query string of this worker's URL (?indexURL=...&wheel=...),
@@ -107,11 +109,13 @@ async function start() {
   micropip.destroy();
   const wheelMs = elapsed() - pyodideMs - micropipMs;
 
-  handle = pyodide.pyimport("tensorgrad.worker").handle;
+  handle = pyodide.pyimport("tensorgrad.web.worker").handle;
+  const protocol = JSON.parse(pyodide.pyimport("tensorgrad.web.protocol").as_json());
   const importMs = elapsed() - pyodideMs - micropipMs - wheelMs;
   progress("ready", {
     timings: { pyodideMs, micropipMs, wheelMs, importMs, totalMs: elapsed() },
     python: pyodide.version,
+    protocol,
   });
   for (const msg of queued.splice(0)) dispatch(msg);
 }

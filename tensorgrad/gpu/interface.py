@@ -52,6 +52,16 @@ class AdapterInfo:
 
 
 @dataclass(frozen=True)
+class WebGPUSupport:
+    """Whether WebGPU can run tensorgrad here: `ok`, a message for a person, and when not ok
+    a `reason`: "no-webgpu" (no WebGPU API at all) or "no-adapter" (no usable GPU adapter)."""
+
+    ok: bool
+    message: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class Dispatch:
     """One compute pass: `kernel` bound to `buffers` (binding i = buffers[i], group 0)."""
 

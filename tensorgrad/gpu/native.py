@@ -4,25 +4,15 @@ wgpu-py API, from either the ``wgpu`` package (wgpu-native) or ``wgpudawn`` (Daw
 Which package: the ``backend`` argument, else the ``TENSORGRAD_WGPU`` environment variable,
 else ``wgpu`` (falling back to ``wgpudawn`` when ``wgpu`` is not installed).
 
-Which Vulkan driver (Linux): whatever the user chose with ``VK_ICD_FILENAMES``,
-``VK_DRIVER_FILES`` or ``VK_ADD_DRIVER_FILES`` is left alone. Otherwise the loader's default
-search is used when it can find a driver manifest (lavapipe, NVIDIA, ...); when it cannot, a
-known manifest outside the search path (NVIDIA's under /usr/local/nvidia, then SwiftShader's
-shipped with Debian's chromium) is put in ``VK_ICD_FILENAMES``. Dawn rejects lavapipe, so
-for ``wgpudawn`` SwiftShader is added with ``VK_ADD_DRIVER_FILES`` (real GPUs stay visible).
-:func:`use_vulkan_driver` picks a driver explicitly. All of this must happen before the
-first adapter request of the process: the Vulkan loader reads the variables once.
+Which Vulkan driver: see :mod:`tensorgrad.gpu.vulkan` (decided before the first adapter
+request of the process).
 """
 
 from __future__ import annotations
 
 import asyncio
-import fnmatch
-import glob
 import importlib
 import os
-import sys
-import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,105 +20,27 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ShaderCompileError
-from .interface import WANTED_FEATURES, AdapterInfo, Copy, DeviceLimits, Dispatch
+from .interface import WANTED_FEATURES, AdapterInfo, Copy, DeviceLimits, Dispatch, WebGPUSupport
+from .vulkan import (
+    SWIFTSHADER_ICDS,
+    configure_vulkan_driver,
+    use_vulkan_driver,
+    vulkan_driver_manifests,
+)
+from .workdone import NativeWorkDone
 
 __all__ = [
-    "NativeDevice", "NativeKernel", "NativeProgram", "configure_vulkan_driver",
+    "NativeDevice", "NativeKernel", "NativeProgram", "configure_vulkan_driver", "probe_native",
     "request_native_device", "use_vulkan_driver", "vulkan_driver_manifests",
 ]
 
 MAX_BUFFER_BYTES = 2_147_483_644  # largest multiple of 4 below 2**31
-_DRIVER_VARS = ("VK_ICD_FILENAMES", "VK_DRIVER_FILES", "VK_ADD_DRIVER_FILES")
-_SWIFTSHADER_ICDS = (
-    "/usr/lib/chromium/vk_swiftshader_icd.json",
-    "/usr/lib/chromium-browser/vk_swiftshader_icd.json",
-    "/opt/google/chrome/vk_swiftshader_icd.json",
-)
-_EXTRA_GPU_ICDS = ("/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json",)
-_LAVAPIPE_ICD_GLOB = "lvp_icd*.json"
 # Adapter preference: a real GPU before a CPU rasteriser; Vulkan/Metal/D3D12 before OpenGL.
 _TYPE_RANK = {"discretegpu": 0, "integratedgpu": 1, "virtualgpu": 2, "unknown": 3, "cpu": 4}
 _BACKEND_RANK = {"vulkan": 0, "metal": 0, "d3d12": 0, "opengl": 2, "opengles": 2}
 # wgpu-native spells some features its own way.
 _NATIVE_FEATURE = {"subgroups": "subgroup"}
 _STANDARD_FEATURE = {v: k for k, v in _NATIVE_FEATURE.items()}
-
-
-# ----------------------------------------------------------------------------- environment
-
-
-def _icd_search_dirs() -> list[str]:
-    """The folders the Vulkan loader searches for driver manifests (Linux)."""
-    home = os.path.expanduser("~")
-    config = os.environ.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":")
-    data = os.environ.get("XDG_DATA_DIRS", "/usr/local/share:/usr/share").split(":")
-    roots = [os.environ.get("XDG_CONFIG_HOME", f"{home}/.config"), *config, "/usr/local/etc",
-             "/etc", os.environ.get("XDG_DATA_HOME", f"{home}/.local/share"), *data,
-             "/usr/local/share", "/usr/share"]
-    seen: list[str] = []
-    for root in roots:
-        path = os.path.join(root, "vulkan", "icd.d")
-        if root and path not in seen:
-            seen.append(path)
-    return seen
-
-
-def vulkan_driver_manifests() -> list[str]:
-    """Vulkan driver manifests (ICD json files) the loader finds without any variable set."""
-    found: list[str] = []
-    for folder in _icd_search_dirs():
-        found.extend(sorted(glob.glob(os.path.join(folder, "*.json"))))
-    return found
-
-
-def _first_existing(paths: Sequence[str]) -> str | None:
-    return next((p for p in paths if os.path.isfile(p)), None)
-
-
-def _user_driver_choice() -> dict[str, str]:
-    return {v: os.environ[v] for v in _DRIVER_VARS if os.environ.get(v)}
-
-
-def use_vulkan_driver(name: str) -> str | None:
-    """Point the Vulkan loader at one driver: ``"swiftshader"``, ``"lavapipe"`` or a manifest
-    path, unless the user already set a driver variable. Returns the manifest used, or None
-    when nothing was changed. Call it before the process's first adapter request."""
-    if _user_driver_choice() or sys.platform != "linux":
-        return None
-    if name == "swiftshader":
-        path = _first_existing(_SWIFTSHADER_ICDS)
-    elif name == "lavapipe":
-        path = next((m for m in vulkan_driver_manifests()
-                     if fnmatch.fnmatch(os.path.basename(m), _LAVAPIPE_ICD_GLOB)), None)
-    else:
-        path = name if os.path.isfile(name) else None
-    if path is None:
-        return None
-    os.environ["VK_ICD_FILENAMES"] = path
-    return path
-
-
-def configure_vulkan_driver(backend: str) -> str:
-    """Make sure the Vulkan loader will find a driver that `backend` accepts (see the module
-    docstring). Returns a short note of what was decided, for error messages."""
-    if sys.platform != "linux":
-        return "not Linux: platform default"
-    user = _user_driver_choice()
-    if user:
-        return "user's choice: " + ", ".join(f"{k}={v}" for k, v in user.items())
-    manifests = vulkan_driver_manifests()
-    swiftshader = _first_existing(_SWIFTSHADER_ICDS)
-    if backend == "wgpudawn" and swiftshader:
-        # Dawn refuses lavapipe; SwiftShader is its CPU fallback. Added, not replacing.
-        os.environ["VK_ADD_DRIVER_FILES"] = swiftshader
-        return f"VK_ADD_DRIVER_FILES={swiftshader} (Dawn rejects lavapipe); found {manifests}"
-    if manifests:
-        return f"loader default; found {manifests}"
-    fallback = _first_existing(_EXTRA_GPU_ICDS) or swiftshader
-    if fallback:
-        os.environ["VK_ICD_FILENAMES"] = fallback
-        return f"no manifest in the loader's search path; VK_ICD_FILENAMES={fallback}"
-    return "no Vulkan driver manifest found (apt-get install libvulkan1 mesa-vulkan-drivers)"
 
 
 def _import_backend(backend: str | None) -> ModuleType:
@@ -184,58 +96,6 @@ class NativeProgram:
 # ----------------------------------------------------------------------------- device
 
 
-class _NativeWorkDone:
-    """Queue work-done notifications for wgpu-native, polled without blocking.
-
-    Uses wgpu-py's private cffi handles (``wgpu.backends.wgpu_native._api``); the callback is
-    typed from the bundled header, so it also fits the 0.32.0 header that wgpu-py's own
-    on_submitted_work_done does not (pygfx/wgpu-py#834)."""
-
-    def __init__(self, device: Any):
-        from wgpu.backends.wgpu_native import _api
-
-        self._ffi, self._lib, self._libf = _api.ffi, _api.lib, _api.libf
-        self._device = device
-        self._status: dict[int, int] = {}
-        self._ticket = 0
-        ffi = self._ffi
-
-        def on_done(status: Any, *_rest: Any) -> None:
-            self._status[int(ffi.cast("uintptr_t", _rest[-2]))] = int(status)
-
-        self._callback = ffi.callback(ffi.typeof("WGPUQueueWorkDoneCallback"), on_done)
-
-    def signal(self) -> int:
-        """Ask for a notification when the work submitted so far is done; a ticket."""
-        ffi = self._ffi
-        self._ticket += 1
-        info = ffi.new("WGPUQueueWorkDoneCallbackInfo *")
-        info.mode = self._lib.WGPUCallbackMode_AllowProcessEvents
-        info.callback = self._callback
-        info.userdata1 = ffi.cast("void *", self._ticket)
-        self._libf.wgpuQueueOnSubmittedWorkDone(self._device.queue._internal, info[0])
-        return self._ticket
-
-    def _poll(self) -> None:
-        self._libf.wgpuDevicePoll(self._device._internal, False, self._ffi.NULL)
-
-    async def wait(self, ticket: int) -> None:
-        """Until `ticket`'s work is done: non-blocking polls, yielding to the event loop
-        between them; short blocking sleeps (50 us doubling to 400 us) in between, since
-        asyncio cannot sleep that briefly and a late wake-up idles the GPU between chunks."""
-        status = self._status
-        delay = 0.0
-        self._poll()
-        while ticket not in status:
-            if delay:
-                time.sleep(delay)  # noqa: ASYNC251 - sub-millisecond, see the docstring
-            await asyncio.sleep(0)
-            delay = min(4e-4, delay * 2) if delay else 5e-5
-            self._poll()
-        if status.pop(ticket) != self._lib.WGPUQueueWorkDoneStatus_Success:
-            raise RuntimeError("GPU queue work failed (device lost?)")
-
-
 class NativeDevice:
     """A WebGPU device from wgpu-py (``wgpu`` or ``wgpudawn``). See :class:`GPUDevice`."""
 
@@ -278,7 +138,7 @@ class NativeDevice:
         # "native-poll", "queue" or "fence".
         self.wait_mode = "queue"
         self.wait_note = ""
-        self._native_done: _NativeWorkDone | None = None
+        self._native_done: NativeWorkDone | None = None
         # wgpu-py's map_async(READ) first submits an empty command buffer, which blocks while
         # its poll thread waits on the GPU; the fence's contents are never read, so skip it.
         self._fence_map_mode: Any = "READ_NOSYNC" if self.backend == "wgpu" else self._map_read
@@ -299,7 +159,7 @@ class NativeDevice:
         """
         if self.backend == "wgpu":
             try:
-                native = _NativeWorkDone(self.device)
+                native = NativeWorkDone(self.device)
                 await asyncio.wait_for(native.wait(native.signal()), 10)
             except Exception as err:  # noqa: BLE001 - private API moved: use a public way
                 self.wait_note = f"native-poll unavailable: {_error_text(err)}"
@@ -659,6 +519,29 @@ def _required_limits(adapter_limits: dict[str, int]) -> dict[str, int]:
     return required
 
 
+async def probe_native(backend: str | None = None) -> WebGPUSupport:
+    """A :class:`~tensorgrad.gpu.WebGPUSupport` for wgpu-py here (no device is made)."""
+    try:
+        wgpu = _import_backend(backend)
+    except ImportError as err:
+        return WebGPUSupport(False, f"WebGPU is not available natively: {err}", "no-webgpu")
+    note = configure_vulkan_driver(wgpu.__name__)
+    try:
+        adapter = await _pick_adapter(wgpu)
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        adapter, why = None, _error_text(err)
+    else:
+        why = "none found"
+    if adapter is None:
+        return WebGPUSupport(False, f"{wgpu.__name__} found no WebGPU adapter ({why}); Vulkan "
+                             f"driver: {note}. Install libvulkan1 and mesa-vulkan-drivers, or "
+                             "set VK_ICD_FILENAMES to a driver manifest.", "no-adapter")
+    info = dict(adapter.info)
+    name = info.get("device") or info.get("vendor") or "an adapter"
+    return WebGPUSupport(True, f"WebGPU ready: {name} ({info.get('adapter_type', '?')}, "
+                         f"{wgpu.__name__})")
+
+
 async def request_native_device(backend: str | None = None) -> NativeDevice:
     """A :class:`NativeDevice` at the adapter's limits (buffers capped at 2147483644 bytes).
 
@@ -672,7 +555,7 @@ async def request_native_device(backend: str | None = None) -> NativeDevice:
         raise RuntimeError(f"{wgpu.__name__}: no WebGPU adapter ({_error_text(err)}). "
                            f"Vulkan driver: {note}. Install libvulkan1 and mesa-vulkan-drivers, "
                            "or set VK_ICD_FILENAMES to a driver manifest "
-                           f"(SwiftShader: {_SWIFTSHADER_ICDS[0]}).") from err
+                           f"(SwiftShader: {SWIFTSHADER_ICDS[0]}).") from err
     if adapter is None:
         raise RuntimeError(f"{wgpu.__name__}: no WebGPU adapter. Vulkan driver: {note}.")
     required = _required_limits(adapter.limits)

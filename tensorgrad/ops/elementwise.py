@@ -348,8 +348,14 @@ sin = _unary("sin", lambda x: _np().sin(x), "sin(a0)",
              lambda i, c, dy, at: [mul(dy, cos(i[0]))], "Sine")
 cos = _unary("cos", lambda x: _np().cos(x), "cos(a0)",
              lambda i, c, dy, at: [mul(dy, neg(sin(i[0])))], "Cosine")
-relu = _unary("relu", lambda x: _np().maximum(x, 0), "max(a0, 0.0f)",
-              lambda i, c, dy, at: [record("relu_grad", [i[0], dy])], "max(x, 0)")
+# max(NaN, 0) is 0 on some drivers: a NaN must stay NaN (as in NumPy and PyTorch), or a bad
+# input would vanish silently in the forward.
+IS_NAN_WGSL = """fn is_nan(x: f32) -> bool {
+  return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}"""
+relu = _unary("relu", lambda x: _np().maximum(x, 0), "select(max(a0, 0.0f), a0, is_nan(a0))",
+              lambda i, c, dy, at: [record("relu_grad", [i[0], dy])], "max(x, 0)",
+              prelude=IS_NAN_WGSL)
 
 
 def _infer_relu_grad(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:

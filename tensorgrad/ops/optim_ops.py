@@ -24,6 +24,13 @@ Primitives (n = the param's element count):
   ``g_eff = g + wd p`` (the ``p`` term only when the param decays).
 * ``sgd_update_p(p[, g][, v], lr[, gnorm][, gtotal])``: ``p' = p - lr u`` with ``u = g_eff``
   (no momentum), ``v'`` (momentum) or ``g_eff + mu v'`` (Nesterov).
+
+The step guard: ``finite_partials(x_1, ..., x_k)`` -> f32[G]: 1 where every element of every
+input at a flat index ≡ j (mod G) is finite, else 0 (G threads scan interleaved, coalesced);
+``step_ok(loss, partials..., [acc])`` -> f32[]: 1 when the loss and all partials are 1. Every
+update op takes an optional 0-d ``ok`` input and writes its old value (param, moment,
+velocity) unchanged when ``ok`` is 0, so a step with a non-finite loss or gradient leaves
+params and optimizer state exactly as they were.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ NORMALIZE_EPS = 1e-8  # g / (||g|| + NORMALIZE_EPS)
 CLIP_EPS = 1e-6       # scale = min(clip / (total + CLIP_EPS), 1)
 MAX_TOTAL_INPUTS = 7  # grad_norm_total inputs per node (8 storage bindings minus the output)
 SCALE_ROLES = ("gnorm", "gtotal")
+GUARD_ROLES = ("ok",)
 
 
 def _np():
@@ -74,7 +82,7 @@ def _check_inputs(op: str, inputs: Sequence[Node], attrs: dict[str, Any],
         if node.dtype != "f32":
             raise ShapeError(op, f"input '{role}' must be f32, got {node.dtype}"
                              f"{list(node.shape)}")
-    for role in ("gnorm", "gtotal", "lrt", "lr", "shrink"):
+    for role in ("gnorm", "gtotal", "lrt", "lr", "shrink", "ok"):
         if role in by_role and by_role[role].shape != ():
             raise ShapeError(op, f"input '{role}' must be 0-d, got shape "
                              f"{list(by_role[role].shape)}")
@@ -120,15 +128,147 @@ def _wgsl_scale(node: Node) -> str:
     return f"  let gs = {' * '.join(terms) if terms else '1.0f'};"
 
 
-def _scale_inputs(gnorm: Tensor | None, gtotal: Tensor | None) -> tuple[list, list]:
+def _scale_inputs(gnorm: Tensor | None, gtotal: Tensor | None, ok: Tensor | None = None
+                  ) -> tuple[list, list]:
+    """The optional scale inputs (and the step guard) of an update op, with their roles."""
     tensors, roles = [], []
-    if gnorm is not None:
-        tensors.append(gnorm)
-        roles.append("gnorm")
-    if gtotal is not None:
-        tensors.append(gtotal)
-        roles.append("gtotal")
+    for t, role in ((gnorm, "gnorm"), (gtotal, "gtotal"), (ok, "ok")):
+        if t is not None:
+            tensors.append(t)
+            roles.append(role)
     return tensors, roles
+
+
+# ---- the step guard ----------------------------------------------------------------------
+
+GUARD_THREADS_MAX = 16_384   # partial flags per finite_partials node
+GUARD_PER_THREAD = 64        # elements each thread scans, at least (when there are many)
+MAX_GUARD_INPUTS = 7
+
+
+def guard_width(sizes: Sequence[int]) -> int:
+    """G, the number of partial flags for inputs of these sizes."""
+    return max(1, min(GUARD_THREADS_MAX, -(-max(sizes) // GUARD_PER_THREAD)))
+
+
+def _infer_partials(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    if not 1 <= len(inputs) <= MAX_GUARD_INPUTS:
+        raise ShapeError("finite_partials", f"expected 1..{MAX_GUARD_INPUTS} inputs, got "
+                         f"{len(inputs)}")
+    for node in inputs:
+        if node.dtype != "f32":
+            raise ShapeError("finite_partials", f"inputs must be f32, got {node.dtype}"
+                             f"{list(node.shape)}")
+    return (guard_width([n.size for n in inputs]),), "f32"
+
+
+def _ref_partials(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    width = node.shape[0]
+    out = np.ones(width, dtype=bool)
+    for x in args:
+        flat = np.asarray(x).reshape(-1)
+        padded = np.zeros(-(-flat.size // width) * width, dtype=flat.dtype)
+        padded[:flat.size] = flat
+        out &= np.isfinite(padded.reshape(-1, width)).all(axis=0)
+    return out.astype(args[0].dtype)
+
+
+# A non-finite f32 has all exponent bits set (NaN or +-Inf); WGSL has no isnan/isinf.
+NONFINITE_WGSL = """fn nonfinite(x: f32) -> bool {
+  return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
+}"""
+
+
+def _emit_partials(ctx: EmitContext) -> Kernel:
+    width = ctx.node.shape[0]
+    lines = ["  var bad = false;"]
+    for k, node in enumerate(ctx.inputs):
+        lines.append(f"  for (var e = i; e < {w.u(node.size)}; e = e + {w.u(width)}) "
+                     f"{{ bad = bad || nonfinite(in{k}[e]); }}")
+    lines.append("  out[i] = select(1.0f, 0.0f, bad);")
+    return w.thread_kernel(ctx, "\n".join(lines), width, prelude=NONFINITE_WGSL)
+
+
+define("finite_partials", infer=_infer_partials, ref=_ref_partials, vjp=GRAD_ERROR,
+       emit=_emit_partials,
+       doc="Partial all-finite flags of several tensors (1 per interleaved slice), for the "
+           "step guard.")
+
+
+def _infer_step_ok(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    roles = tuple(attrs.get("roles", ()))
+    if len(roles) != len(inputs) or not 1 <= len(inputs) <= MAX_GUARD_INPUTS:
+        raise ShapeError("step_ok", f"expected 1..{MAX_GUARD_INPUTS} inputs with one role "
+                         f"each, got {len(inputs)} inputs and roles {list(roles)}")
+    for role, node in zip(roles, inputs):
+        if role not in ("loss", "flags", "acc") or node.dtype != "f32":
+            raise ShapeError("step_ok", f"inputs are a 0-d 'loss', 'flags' or a 0-d 'acc' "
+                             f"(f32), got {role!r} {node.dtype}{list(node.shape)}")
+        if role != "flags" and node.shape != ():
+            raise ShapeError("step_ok", f"input '{role}' must be 0-d, got "
+                             f"{list(node.shape)}")
+    return (), "f32"
+
+
+def _ref_step_ok(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    ok = True
+    for role, x in zip(node.attrs["roles"], args):
+        if role == "loss":
+            ok = ok and bool(np.isfinite(x))
+        else:
+            ok = ok and bool(np.all(np.asarray(x) > 0.5))
+    return np.asarray(1.0 if ok else 0.0, dtype=args[0].dtype)
+
+
+def _emit_step_ok(ctx: EmitContext) -> Kernel:
+    lines = ["  var ok = true;"]
+    for k, (role, node) in enumerate(zip(ctx.node.attrs["roles"], ctx.inputs)):
+        if role == "loss":
+            lines.append(f"  if (lid == 0u && nonfinite(in{k}[0])) {{ ok = false; }}")
+        else:
+            lines.append(f"  for (var e = lid; e < {w.u(node.size)}; e = e + {w.u(w.WG)}) "
+                         f"{{ ok = ok && in{k}[e] > 0.5f; }}")
+    lines += ["  scratch[lid] = select(0.0f, 1.0f, ok);", "  workgroupBarrier();",
+              f"  for (var s = {w.u(w.WG // 2)}; s > 0u; s = s >> 1u) {{",
+              "    if (lid < s) { scratch[lid] = min(scratch[lid], scratch[lid + s]); }",
+              "    workgroupBarrier();", "  }", "  if (lid == 0u) { out[0] = scratch[0]; }"]
+    prelude = f"var<workgroup> scratch: array<f32, {w.WG}>;\n{NONFINITE_WGSL}"
+    return w.workgroup_kernel(ctx, "\n".join(lines), 1, prelude=prelude)
+
+
+define("step_ok", infer=_infer_step_ok, ref=_ref_step_ok, vjp=GRAD_ERROR, emit=_emit_step_ok,
+       doc="1 when the loss is finite and every partial flag is 1 (the step may update), "
+           "else 0.")
+
+
+def step_ok(loss: Tensor, grads: Sequence[Tensor]) -> Tensor:
+    """The step guard: a 0-d f32, 1 when `loss` and every gradient are finite, else 0."""
+    flags = [record("finite_partials", list(grads[k:k + MAX_GUARD_INPUTS]))
+             for k in range(0, len(grads), MAX_GUARD_INPUTS)]
+    acc, roles, inputs = None, ["loss"], [loss]
+    while True:
+        room = MAX_GUARD_INPUTS - len(inputs)
+        chunk, flags = flags[:room], flags[room:]
+        acc = record("step_ok", [*inputs, *chunk], roles=(*roles, *["flags"] * len(chunk)))
+        if not flags:
+            return acc
+        inputs, roles = [acc], ["acc"]
+
+
+def _ok_ref(args: Sequence[Any], node: Node, new: Any, old_role: str) -> Any:
+    """`new` where the step guard says ok (or there is none), else the old value."""
+    r = _roles(node)
+    if "ok" not in r:
+        return new
+    return _np().where(args[r["ok"]] > 0.5, new, args[r[old_role]]).astype(new.dtype)
+
+
+def _ok_wgsl(node: Node, new: str, old: str) -> str:
+    """WGSL for the value to write: `new`, or `old` when the step guard says no."""
+    r = _roles(node)
+    return new if "ok" not in r else f"select({old}, {new}, in{r['ok']}[0] > 0.5f)"
 
 
 # ---- grad_sumsq --------------------------------------------------------------------------
@@ -248,7 +388,7 @@ ADAM_PARTS = ("mv", "m", "v")
 
 def _infer_moments(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
     op = "adam_moments"
-    by = _check_inputs(op, inputs, attrs, ("state", "g"), SCALE_ROLES)
+    by = _check_inputs(op, inputs, attrs, ("state", "g"), (*SCALE_ROLES, *GUARD_ROLES))
     part = attrs.get("part")
     if part not in ADAM_PARTS:
         raise ShapeError(op, f"part must be one of {list(ADAM_PARTS)}, got {part!r}")
@@ -275,10 +415,12 @@ def _ref_moments(args: Sequence[Any], node: Node) -> Any:
         return a["beta2"] * v + (1.0 - a["beta2"]) * (g * g)
 
     if a["part"] == "m":
-        return m_new(state)
-    if a["part"] == "v":
-        return v_new(state)
-    return np.stack([m_new(state[0]), v_new(state[1])])
+        new = m_new(state)
+    elif a["part"] == "v":
+        new = v_new(state)
+    else:
+        new = np.stack([m_new(state[0]), v_new(state[1])])
+    return _ok_ref(args, node, new, "state")
 
 
 def _emit_moments(ctx: EmitContext) -> Kernel:
@@ -288,13 +430,16 @@ def _emit_moments(ctx: EmitContext) -> Kernel:
     b2, c2 = w.lit(a["beta2"]), w.lit(1.0 - a["beta2"])
     s = f"in{r['state']}"
     lines = [_wgsl_scale(ctx.node), f"  let g = in{r['g']}[i] * gs;"]
+    node = ctx.node
     if a["part"] == "m":
-        lines.append(f"  out[i] = {b1} * {s}[i] + {c1} * g;")
+        lines.append(f"  out[i] = {_ok_wgsl(node, f'{b1} * {s}[i] + {c1} * g', f'{s}[i]')};")
     elif a["part"] == "v":
-        lines.append(f"  out[i] = {b2} * {s}[i] + {c2} * (g * g);")
+        lines.append(f"  out[i] = {_ok_wgsl(node, f'{b2} * {s}[i] + {c2} * (g * g)', f'{s}[i]')};")
     else:
-        lines.append(f"  out[i] = {b1} * {s}[i] + {c1} * g;")
-        lines.append(f"  out[i + {w.u(n)}] = {b2} * {s}[i + {w.u(n)}] + {c2} * (g * g);")
+        j = f"i + {w.u(n)}"
+        lines.append(f"  out[i] = {_ok_wgsl(node, f'{b1} * {s}[i] + {c1} * g', f'{s}[i]')};")
+        lines.append(f"  out[{j}] = "
+                     f"{_ok_wgsl(node, f'{b2} * {s}[{j}] + {c2} * (g * g)', f'{s}[{j}]')};")
     return w.thread_kernel(ctx, "\n".join(lines), n)
 
 
@@ -306,16 +451,17 @@ define("adam_moments", infer=_infer_moments, ref=_ref_moments, vjp=GRAD_ERROR,
 
 def adam_moments(state: Tensor, g: Tensor, part: str, beta1: float, beta2: float,
                  gnorm: Tensor | None = None, gtotal: Tensor | None = None,
-                 clip: float | None = None) -> Tensor:
-    """New moments from `state` (m, v or both packed as [2, *g.shape]) and gradient `g`."""
-    extra, roles = _scale_inputs(gnorm, gtotal)
+                 clip: float | None = None, ok: Tensor | None = None) -> Tensor:
+    """New moments from `state` (m, v or both packed as [2, *g.shape]) and gradient `g`
+    (the old `state` where the step guard `ok` is 0)."""
+    extra, roles = _scale_inputs(gnorm, gtotal, ok)
     return record("adam_moments", [state, g, *extra], roles=("state", "g", *roles), part=part,
                   beta1=float(beta1), beta2=float(beta2), clip=clip)
 
 
 def _infer_adam_p(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
     op = "adam_update_p"
-    by = _check_inputs(op, inputs, attrs, ("p", "lrt"), ("mv", "m", "v", "shrink"))
+    by = _check_inputs(op, inputs, attrs, ("p", "lrt"), ("mv", "m", "v", "shrink", "ok"))
     p = by["p"].shape
     if "mv" in by:
         if "m" in by or "v" in by or by["mv"].shape != (2, *p):
@@ -339,7 +485,8 @@ def _ref_adam_p(args: Sequence[Any], node: Node) -> Any:
     else:
         m, v = args[r["m"]], args[r["v"]]
     shrink = args[r["shrink"]] if "shrink" in r else 1.0
-    return shrink * p - args[r["lrt"]] * m / (np.sqrt(v) + node.attrs["eps"])
+    new = shrink * p - args[r["lrt"]] * m / (np.sqrt(v) + node.attrs["eps"])
+    return _ok_ref(args, node, np.asarray(new, dtype=p.dtype), "p")
 
 
 def _emit_adam_p(ctx: EmitContext) -> Kernel:
@@ -350,9 +497,10 @@ def _emit_adam_p(ctx: EmitContext) -> Kernel:
     else:
         m, v = f"in{r['m']}[i]", f"in{r['v']}[i]"
     s = f"in{r['shrink']}[0] * " if "shrink" in r else ""
+    new = f"{s}in{r['p']}[i] - in{r['lrt']}[0] * m / (sqrt(v) + {w.lit(ctx.node.attrs['eps'])})"
     body = f"""  let m = {m};
   let v = {v};
-  out[i] = {s}in{r['p']}[i] - in{r['lrt']}[0] * m / (sqrt(v) + {w.lit(ctx.node.attrs['eps'])});"""
+  out[i] = {_ok_wgsl(ctx.node, new, f"in{r['p']}[i]")};"""
     return w.thread_kernel(ctx, body)
 
 
@@ -362,13 +510,15 @@ define("adam_update_p", infer=_infer_adam_p, ref=_ref_adam_p, vjp=GRAD_ERROR,
 
 
 def adam_update_p(p: Tensor, moments: Sequence[Tensor], lrt: Tensor, eps: float,
-                  shrink: Tensor | None = None) -> Tensor:
-    """The new param from the new moments (one packed [2, ...] tensor, or m and v)."""
+                  shrink: Tensor | None = None, ok: Tensor | None = None) -> Tensor:
+    """The new param from the new moments (one packed [2, ...] tensor, or m and v); the old
+    param where the step guard `ok` is 0."""
     roles = ("mv",) if len(moments) == 1 else ("m", "v")
     inputs, extra = [p, *moments, lrt], ("lrt",)
-    if shrink is not None:
-        inputs.append(shrink)
-        extra += ("shrink",)
+    for t, role in ((shrink, "shrink"), (ok, "ok")):
+        if t is not None:
+            inputs.append(t)
+            extra += (role,)
     return record("adam_update_p", inputs, roles=("p", *roles, *extra), eps=float(eps))
 
 
@@ -396,7 +546,7 @@ def _g_eff_wgsl(node: Node) -> str:
 
 def _infer_velocity(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
     op = "sgd_velocity"
-    by = _check_inputs(op, inputs, attrs, ("v", "g"), ("p", *SCALE_ROLES))
+    by = _check_inputs(op, inputs, attrs, ("v", "g"), ("p", *SCALE_ROLES, *GUARD_ROLES))
     _same_shape(op, by, "v", "g", "p")
     _check_sgd_attrs(op, by, attrs)
     if not attrs["momentum"] > 0:
@@ -407,13 +557,15 @@ def _infer_velocity(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shap
 
 
 def _ref_velocity(args: Sequence[Any], node: Node) -> Any:
-    return node.attrs["momentum"] * args[_roles(node)["v"]] + _g_eff_ref(args, node)
+    new = node.attrs["momentum"] * args[_roles(node)["v"]] + _g_eff_ref(args, node)
+    return _ok_ref(args, node, new, "v")
 
 
 def _emit_velocity(ctx: EmitContext) -> Kernel:
     r = _roles(ctx.node)
     mu = w.lit(ctx.node.attrs["momentum"])
-    return w.thread_kernel(ctx, f"{_g_eff_wgsl(ctx.node)}\n  out[i] = {mu} * in{r['v']}[i] + g;")
+    new = _ok_wgsl(ctx.node, f"{mu} * in{r['v']}[i] + g", f"in{r['v']}[i]")
+    return w.thread_kernel(ctx, f"{_g_eff_wgsl(ctx.node)}\n  out[i] = {new};")
 
 
 define("sgd_velocity", infer=_infer_velocity, ref=_ref_velocity, vjp=GRAD_ERROR,
@@ -423,7 +575,7 @@ define("sgd_velocity", infer=_infer_velocity, ref=_ref_velocity, vjp=GRAD_ERROR,
 
 def _infer_sgd_p(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
     op = "sgd_update_p"
-    by = _check_inputs(op, inputs, attrs, ("p", "lr"), ("g", "v", *SCALE_ROLES))
+    by = _check_inputs(op, inputs, attrs, ("p", "lr"), ("g", "v", *SCALE_ROLES, *GUARD_ROLES))
     _same_shape(op, by, "p", "g", "v")
     _check_sgd_attrs(op, by, attrs)
     has_v, needs_g = "v" in by, "v" not in by or bool(attrs.get("nesterov"))
@@ -443,7 +595,7 @@ def _ref_sgd_p(args: Sequence[Any], node: Node) -> Any:
         update = _g_eff_ref(args, node) + a["momentum"] * args[r["v"]]
     else:
         update = args[r["v"]]
-    return args[r["p"]] - args[r["lr"]] * update
+    return _ok_ref(args, node, args[r["p"]] - args[r["lr"]] * update, "p")
 
 
 def _emit_sgd_p(ctx: EmitContext) -> Kernel:
@@ -455,7 +607,8 @@ def _emit_sgd_p(ctx: EmitContext) -> Kernel:
         lines.append(f"  let u = g + {w.lit(a['momentum'])} * in{r['v']}[i];")
     else:
         lines.append(f"  let u = in{r['v']}[i];")
-    lines.append(f"  out[i] = in{r['p']}[i] - in{r['lr']}[0] * u;")
+    p, lr = f"in{r['p']}[i]", f"in{r['lr']}[0]"
+    lines.append(f"  out[i] = {_ok_wgsl(ctx.node, f'{p} - {lr} * u', p)};")
     return w.thread_kernel(ctx, "\n".join(lines))
 
 
@@ -465,9 +618,11 @@ define("sgd_update_p", infer=_infer_sgd_p, ref=_ref_sgd_p, vjp=GRAD_ERROR, emit=
 
 def sgd_velocity(v: Tensor, g: Tensor, momentum: float, weight_decay: float = 0.0,
                  p: Tensor | None = None, gnorm: Tensor | None = None,
-                 gtotal: Tensor | None = None, clip: float | None = None) -> Tensor:
-    """The new momentum buffer; pass `p` exactly when `weight_decay > 0`."""
-    extra, roles = _scale_inputs(gnorm, gtotal)
+                 gtotal: Tensor | None = None, clip: float | None = None,
+                 ok: Tensor | None = None) -> Tensor:
+    """The new momentum buffer; pass `p` exactly when `weight_decay > 0`; the old one where
+    the step guard `ok` is 0."""
+    extra, roles = _scale_inputs(gnorm, gtotal, ok)
     inputs, names = [v, g], ["v", "g"]
     if p is not None:
         inputs.append(p)
@@ -479,8 +634,9 @@ def sgd_velocity(v: Tensor, g: Tensor, momentum: float, weight_decay: float = 0.
 def sgd_update_p(p: Tensor, lr: Tensor, g: Tensor | None = None, v: Tensor | None = None,
                  momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
                  gnorm: Tensor | None = None, gtotal: Tensor | None = None,
-                 clip: float | None = None) -> Tensor:
-    """The new param; `g` is needed without momentum and with Nesterov, `v` with momentum."""
+                 clip: float | None = None, ok: Tensor | None = None) -> Tensor:
+    """The new param; `g` is needed without momentum and with Nesterov, `v` with momentum;
+    the old param where the step guard `ok` is 0."""
     inputs, names = [p], ["p"]
     for t, name in ((g, "g"), (v, "v")):
         if t is not None:
@@ -489,11 +645,13 @@ def sgd_update_p(p: Tensor, lr: Tensor, g: Tensor | None = None, v: Tensor | Non
     inputs.append(lr)
     names.append("lr")
     extra, roles = _scale_inputs(gnorm, gtotal) if g is not None else ([], [])
+    if ok is not None:
+        extra, roles = [*extra, ok], [*roles, "ok"]
     return record("sgd_update_p", [*inputs, *extra], roles=(*names, *roles),
                   momentum=float(momentum), nesterov=bool(nesterov),
                   weight_decay=float(weight_decay) if g is not None else 0.0,
                   clip=clip if g is not None else None)
 
 
-__all__ = ["adam_moments", "adam_update_p", "grad_norm_total", "grad_sumsq", "sgd_update_p",
-           "sgd_velocity"]
+__all__ = ["adam_moments", "adam_update_p", "grad_norm_total", "grad_sumsq", "guard_width",
+           "sgd_update_p", "sgd_velocity", "step_ok"]

@@ -73,7 +73,7 @@ class Page:
     def exec(self, source: str) -> Any:
         """Run Python in the worker; its last expression's repr, or AssertionError with the
         Python traceback when it raised."""
-        reply = self.call("exec", source)
+        reply = self.call("exec", {"source": source})
         if not reply["ok"]:
             raise AssertionError(f"{reply['error']['name']} in the worker:\n"
                                  f"{reply['error']['traceback']}")

@@ -122,9 +122,12 @@ ALL_DEMOS = ("mlp_sin", "addition_transformer", "makemore", "pokeformer", "digit
 
 
 def test_index_links_to_all_twelve_demos_with_thumbnails(web_url: str) -> None:
+    from .conftest import build
+
     html = urllib.request.urlopen(f"{web_url}demos/").read().decode()
+    assert set(ALL_DEMOS) == set(build.demo_names())
     assert html.count('<svg class="thumb"') == 12
-    for name in ALL_DEMOS:
+    for name in build.demo_names():
         assert f'href="{name}/"' in html
         page = urllib.request.urlopen(f"{web_url}demos/{name}/").read().decode()
         assert "<canvas" in page and "window.demo" in page
@@ -133,6 +136,16 @@ def test_index_links_to_all_twelve_demos_with_thumbnails(web_url: str) -> None:
     for name in ("mnist-train-images.u8", "mnist-test-labels.u8", "names.txt", "pokemon.txt"):
         data = urllib.request.urlopen(f"{web_url}data/{name}").read()
         assert len(data) > 1000, name
+
+
+def test_every_demo_has_a_browser_test() -> None:
+    from .conftest import build
+
+    tests = {name for name in globals() if name.startswith("test_")}
+    untested = [d for d in build.demo_names() if d not in NEW_DEMOS and not any(
+        t.startswith(f"test_{d}_demo") for t in tests)]
+    assert not untested, (f"demos without a test_<name>_demo... browser test or a NEW_DEMOS "
+                          f"entry: {untested}")
 
 
 def test_mlp_sin_demo_trains_and_plots(open_demo: Any, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Python on the page: `tensorgrad.web.start()` from a page-side Pyodide (main thread, the way
 PyScript runs) loads tensorgrad.js, starts the worker and drives a real training through the
-Python page client (tensorgrad/web_client.py), with the native API's result objects.
+Python page client (tensorgrad/web/client.py), with the native API's result objects.
 
 The page (web/page-python-test.html, served from dist/web/) loads Pyodide from `pyodide/` and
 installs the tensorgrad wheel named by manifest.json; each test runs Python there."""
@@ -93,13 +93,14 @@ json.dumps({
               "is_shape_error": isinstance(getattr(short, "error", None), tg.ShapeError),
               "traceback": getattr(short.error, "remote_traceback", "")},
     "bad_type": {"type": type(bad_type).__name__, "message": bad_type.message},
-    "params": {k: [type(v).__name__, v.format, len(v)] for k, v in params.items()},
+    "params": {k: [type(v).__name__, v.format, list(v.shape)] for k, v in params.items()},
 })
 """
 
 ATTACH = """
 import array, json
 import tensorgrad as tg
+from tensorgrad.web import flat_buffer
 
 params = await train.download_params()
 forward = await train.attach(forward="predict", inputs={"x": [None, 4]})
@@ -107,7 +108,7 @@ rows = [[0.1, 0.2, 0.3, 0.4], [1.0, -1.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]]
 out = await forward.run(x=array.array("f", [v for row in rows for v in row]))
 
 def expected(row):  # the MLP by hand from the downloaded parameters (W is [in, out])
-    W1, b1, W2, b2 = (list(params[k]) for k in ("l1.W", "l1.b", "l2.W", "l2.b"))
+    W1, b1, W2, b2 = (flat_buffer(params[k]).tolist() for k in ("l1.W", "l1.b", "l2.W", "l2.b"))
     h = [max(0.0, sum(row[i] * W1[i * 16 + j] for i in range(4)) + b1[j]) for j in range(16)]
     return sum(h[j] * W2[j] for j in range(16)) + b2[0]
 
@@ -132,8 +133,8 @@ json.dumps({
     "shape": list(out.output.shape) if ok else None,
     "got": got, "want": [expected(r) for r in rows],
     "step": type(step).__name__, "l2.b": list(after["l2.b"]),
-    "l1.W_same": list(after["l1.W"]) == list(params["l1.W"]),
-    "partial": [list(partial["l2.b"]), list(partial["l1.W"]) == list(params["l1.W"])],
+    "l1.W_same": after["l1.W"].tolist() == params["l1.W"].tolist(),
+    "partial": [list(partial["l2.b"]), partial["l1.W"].tolist() == params["l1.W"].tolist()],
     "wrong": [type(wrong).__name__, getattr(wrong, "message", "")],
     "aborted": [type(aborted).__name__, type(aborted_run).__name__],
 })
@@ -217,7 +218,7 @@ def started(page_python: PythonPage) -> dict[str, Any]:
 
 
 def test_start_from_python_on_the_page(started: dict[str, Any]) -> None:
-    assert started["type"] == "tensorgrad.web_client.Session"
+    assert started["type"] == "tensorgrad.web.client.Session"
     assert started["stages"] == ["loading-pyodide", "installing", "ready"], started
     assert started["timings"]["totalMs"] > 0
 
@@ -238,8 +239,10 @@ def test_training_from_python_on_the_page(page_python: PythonPage,
     assert short["name"] == "ShapeError" and short["is_shape_error"], short
     assert "'x'" in short["message"] and "ShapeError" in short["traceback"], short
     assert out["bad_type"]["type"] == "Failed" and "object" in out["bad_type"]["message"]
-    assert out["params"] == {"l1.W": ["memoryview", "f", 64], "l1.b": ["memoryview", "f", 16],
-                             "l2.W": ["memoryview", "f", 16], "l2.b": ["memoryview", "f", 1]}
+    # shaped like the native API's download (no NumPy in Pyodide: memoryviews)
+    assert out["params"] == {"l1.W": ["memoryview", "f", [4, 16]],
+                             "l1.b": ["memoryview", "f", [16]],
+                             "l2.W": ["memoryview", "f", [16, 1]], "l2.b": ["memoryview", "f", [1]]}
 
 
 def test_attach_run_params_and_destroy(page_python: PythonPage,
@@ -253,6 +256,17 @@ def test_attach_run_params_and_destroy(page_python: PythonPage,
     assert out["partial"] == [[0.25], True], out  # a partial upload leaves the rest as is
     assert out["wrong"][0] == "Failed" and out["wrong"][1], out
     assert out["aborted"] == ["Aborted", "Aborted"], out
+
+
+def test_check_webgpu_from_python_on_the_page(page_python: PythonPage,
+                                             started: dict[str, Any]) -> None:
+    out = page_python.py("""
+import json
+import tensorgrad.web
+support = await tensorgrad.web.check_webgpu()
+json.dumps([type(support).__name__, support.ok, support.reason, support.message])
+""")
+    assert out[:3] == ["WebGPUSupport", True, None] and out[3].startswith("WebGPU ready"), out
 
 
 def test_errors_scripts_and_terminate(page_python: PythonPage, started: dict[str, Any]) -> None:

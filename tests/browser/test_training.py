@@ -5,6 +5,7 @@ case tables matches the reference interpreter when run in the browser."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import importlib.util
 import random
@@ -239,20 +240,19 @@ def test_transformer_losses_match_native(tg: Page, web_url: str, run_native: Any
 # runs every non-leaf node's kernel on the browser adapter from the reference inputs, in one
 # request per family. The outputs come back and are compared here like check_graph_kernels.
 
-# A worker message kind: {blob: base64 pickle of [{graph, values: {id: bytes}, nodes}]} →
-# {outputs: [{id: base64 bytes}], errors: [{id: message}], compiled, dispatches, ms}.
+# A function in the worker's namespace: kernel_check(blob: base64 pickle of [{graph, values:
+# {id: bytes}, nodes}]) → {outputs: [{id: base64 bytes}], errors: [{id: message}], compiled,
+# dispatches, ms}, called through an exec message.
 KERNEL_CHECK = r'''
 import base64, pickle, time
 from tensorgrad.api import default_device
 from tensorgrad.ops import OPS
 from tensorgrad.codegen.kernel import Target, dispatch_size, emit_node
 from tensorgrad.gpu.interface import Dispatch
-from tensorgrad.worker import handler
 
-@handler("kernelCheck")
-async def _kernel_check(payload, session):
+async def kernel_check(blob):
     t0 = time.perf_counter()
-    jobs = pickle.loads(base64.b64decode(payload["blob"]))
+    jobs = pickle.loads(base64.b64decode(blob))
     dev = await default_device()
     target = Target(limits=dev.limits)
     pipelines = {}  # WGSL text -> compiled kernel (many nodes share a shader)
@@ -333,9 +333,7 @@ def test_op_family_kernels_match_reference_in_the_browser(kernel_check: Page, fa
         expected.append((case, b.graph, values))
     blob = base64.b64encode(pickle.dumps(jobs, protocol=4)).decode()
     t0 = time.perf_counter()
-    reply = kernel_check.call("kernelCheck", {"blob": blob})
-    assert reply["ok"], reply["error"]["traceback"]
-    out = reply["result"]
+    out = ast.literal_eval(kernel_check.exec(f"await kernel_check({blob!r})"))
     print(f"\n{family}: {len(cases)} cases, {out['dispatches']} kernels run, {out['compiled']} "
           f"shaders compiled, {out['ms']:.0f} ms in the worker, "
           f"{time.perf_counter() - t0:.1f} s round trip")

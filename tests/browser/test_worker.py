@@ -15,7 +15,7 @@ from .conftest import Page
 WORKER_MODEL = """
 import tensorgrad as tg
 import tensorgrad.optim
-import tensorgrad.worker as loop
+import tensorgrad.web.worker as loop
 
 WK_LR = 1.0
 
@@ -102,7 +102,7 @@ def test_start_reports_progress_with_times(tg: Page) -> None:
 
 
 def test_ping_lists_handlers(tg: Page) -> None:
-    reply = tg.call("ping", 7)
+    reply = tg.call("ping", {"value": 7})
     assert reply["ok"] and reply["result"]["pong"] == 7
     assert reply["result"]["platform"] == "emscripten"
     assert {"exec", "load", "runScript", "compile", "step", "destroy"} <= set(
@@ -120,7 +120,7 @@ def test_exec_returns_repr_and_keeps_namespace(tg: Page) -> None:
 
 def test_python_error_arrives_with_message_and_traceback(tg: Page) -> None:
     src = "def inner():\n    raise ValueError('boom: bad thing')\n\ninner()\n"
-    reply = tg.call("exec", src)
+    reply = tg.call("exec", {"source": src})
     assert not reply["ok"]
     err = reply["error"]
     assert err["name"] == "ValueError"
@@ -135,11 +135,21 @@ def test_python_error_arrives_with_message_and_traceback(tg: Page) -> None:
 
 
 def test_syntax_error_and_unknown_kind(tg: Page) -> None:
-    reply = tg.call("exec", "def (")
+    reply = tg.call("exec", {"source": "def ("})
     assert not reply["ok"] and reply["error"]["name"] == "SyntaxError"
-    reply = tg.call("noSuchKind", None)
-    assert not reply["ok"] and reply["error"]["name"] == "ValueError"
+    # checked against the worker's protocol table before it is posted
+    reply = tg.call("noSuchKind", {})
+    assert not reply["ok"] and reply["error"]["name"] == "ProtocolError"
     assert "noSuchKind" in reply["error"]["message"] and "runScript" in reply["error"]["message"]
+    reply = tg.call("exec", {"source": "1", "sourse": "2"})
+    assert not reply["ok"] and reply["error"]["name"] == "ProtocolError"
+    assert reply["error"]["message"] == ("exec: payload field(s) unknown [sourse]; expected "
+                                         "{source, filename?}")
+    reply = tg.call("step", {"inputs": {}})
+    assert reply["error"]["message"].startswith("step: payload field(s) missing [graphId]")
+    reply = tg.call("exec", "1 + 1")  # not an object
+    assert reply["error"]["message"] == ("exec: the payload must be an object "
+                                         "{source, filename?}")
 
 
 def test_run_script_streams_posts(tg: Page) -> None:
@@ -189,7 +199,7 @@ async def main():
 
 
 def test_run_script_without_main_fails(tg: Page) -> None:
-    reply = tg.call("runScript", "x = 1\nmain = None")
+    reply = tg.call("runScript", {"source": "x = 1\nmain = None"})
     assert not reply["ok"] and "async def main()" in reply["error"]["message"]
 
 
@@ -262,10 +272,10 @@ def test_step_and_run_never_reject(net: Page) -> None:
         assert out[case]["kind"] == "failed", (case, out[case])
         assert out[case]["name"] and out[case]["message"], (case, out[case])
         assert out[case]["message"] in out[case]["traceback"], (case, out[case])
-    for case in ("short", "wrongType"):  # the compiler's input check, raised inside step
+    for case in ("short", "wrongType"):  # the input check, made when step is called
         assert out[case]["name"] == "ShapeError" and "'x'" in out[case]["message"], out[case]
         assert out[case]["traceback"].startswith("Traceback (most recent call last):")
-        assert "in _step" in out[case]["traceback"], out[case]["traceback"]
+        assert "in _snapshot" in out[case]["traceback"], out[case]["traceback"]
     assert "8 elements" in out["short"]["message"] and "f32" in out["wrongType"]["message"]
     assert out["missing"]["name"] == "ShapeError" and "'y'" in out["missing"]["message"]
     assert out["nan"]["name"] == "FloatingPointError" and "nan" in out["nan"]["message"]
@@ -409,3 +419,66 @@ def test_missing_worker_script_rejects_start(tg: Page) -> None:
     out = tg.js("""() => tg.start({ workerUrl: "/no-such-worker.mjs" })
                     .then(() => "started", (e) => e.message)""")
     assert out.startswith("tensorgrad worker failed"), out
+
+
+PLAIN_DATA = """async () => {
+  const train = await session.compile({ model: "WkNet()", loss: "wk_loss",
+    inputs: { x: [2, 4], y: [[2], "i32"] }, seed: 3,
+    optimizer: { kind: "adamw", lr: { kind: "linear", peak: 0.1, final: 0.01, steps: 10 },
+                 weight_decay: 0.1 } });
+  const before = await train.downloadParams();
+  const step = await train.step({ x: new Float32Array(8).fill(1), y: new Int32Array([1, 0]) });
+  await train.setLR({ kind: "constant", value: 0.05 });
+  await train.reset({ optimizer: false });
+  const after = await train.downloadParams();
+  const info = { shapes: train.paramShapes, count: train.paramCount, step: step.kind,
+                 same: Array.from(after["fc.W"]).join() === Array.from(before["fc.W"]).join() };
+  await train.destroy();
+  return info;
+}"""
+
+
+def test_plain_data_optimizer_schedule_reset_and_param_shapes(net: Page) -> None:
+    out = net.js(PLAIN_DATA)
+    assert out == {"shapes": {"fc.W": [4, 2], "fc.b": [2]}, "count": 10, "step": "completed",
+                   "same": True}, out
+    kind = net.exec_json(f"type(loop.SESSION.graphs[{net.info['graphId']}].obj._optimizer)"
+                         ".__name__")
+    assert kind == "SGD"  # the fixture's graph is untouched
+
+
+SINGLE_FLIGHT = """async () => {
+  const calls = [];
+  let release;
+  const gate = new Promise((r) => { release = r; });
+  const slow = tg.singleFlight(async (n) => { calls.push(n); if (n === 1) await gate; return n * 10; });
+  const a = slow(1), b = slow(2), c = slow(3);   // 2 is displaced by 3 while 1 runs
+  const bResult = await b;
+  release();
+  return { a: await a, b: bResult, c: await c, calls };
+}"""
+
+
+def test_single_flight_in_js(tg: Page) -> None:
+    out = tg.js(SINGLE_FLIGHT)
+    assert out == {"a": {"kind": "completed", "value": 10}, "b": {"kind": "aborted"},
+                   "c": {"kind": "completed", "value": 30}, "calls": [1, 3]}
+
+
+def test_check_webgpu_probes_without_freezing_and_caches(tg: Page) -> None:
+    out = tg.js("""async () => {
+      const t0 = performance.now();
+      const first = await tg.checkWebGPU();
+      const ms = performance.now() - t0;
+      const second = await tg.checkWebGPU();
+      return { first, same: first === second, ms };
+    }""")
+    assert out["first"]["ok"] is True and out["first"]["message"].startswith("WebGPU ready")
+    assert out["same"], "a success is cached"
+    print(f"\ncheckWebGPU: {out['first']['message']} in {out['ms']:.0f} ms")
+
+
+def test_check_webgpu_inside_the_worker(tg: Page) -> None:
+    got = tg.exec_json("(lambda r: [r.ok, r.reason, r.message])("
+                       "await __import__('tensorgrad').check_webgpu())")
+    assert got[0] is True and got[1] is None and got[2].startswith("WebGPU ready"), got

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tensorgrad import web
+from tensorgrad.web import script as web_script
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "demos" / "common"))
@@ -33,7 +33,7 @@ def run_script(mod: ModuleType, device: Any, monkeypatch: Any, **cfg: Any
                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run `mod.main()` with DEMO_CONFIG = cfg on `device`; (figures, posted messages)."""
     posts: list[dict[str, Any]] = []
-    monkeypatch.setattr(web, "_sink", posts.append)
+    monkeypatch.setattr(web_script, "_sink", posts.append)
     mod.DEMO_CONFIG = {**cfg, "device": device}
     t0 = time.perf_counter()
     figures = asyncio.run(mod.main())

@@ -15,7 +15,7 @@ from tests.models import ROOT, mlp_sin
 def test_train_steps_streams_losses_and_stops(gpu_device, monkeypatch) -> None:
     mod = mlp_sin()
     posts: list[dict] = []
-    monkeypatch.setattr(web, "_sink", posts.append)
+    monkeypatch.setattr(web.script, "_sink", posts.append)  # as set_sink does; restored after
 
     async def go() -> tuple[web.TrainingRun, list[float], list[tuple[int, float]]]:
         train = await tg.compile(model=mod.MLP(), loss=mod.loss_fn, inputs=mod.INPUTS,

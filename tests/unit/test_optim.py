@@ -129,8 +129,60 @@ CASES = [
          np_fn=lambda p, g, v, lr_, n: p - lr_ * (g * _scale(n) + 0.1 * p + 0.9 * v),
          grad=False, name="nesterov-normalized"),
 ]
+# the step guard: arrays with a NaN / an Inf somewhere, and the ok flag fed to updates
+BAD = np.arange(12, dtype=np.float32).reshape(3, 4)
+BAD[2, 1] = np.nan
+HUGE = np.ones(700, np.float32)
+HUGE[650] = np.inf
+OK1, OK0 = Arg((), gen=np.float32(1.0)), Arg((), gen=np.float32(0.0))
+
+
+def _flags(width, *xs):
+    out = np.ones(width, bool)
+    for x in xs:
+        flat = np.asarray(x, np.float64).reshape(-1)
+        for e, v in enumerate(flat):
+            out[e % width] &= bool(np.isfinite(v))
+    return out.astype(np.float32)
+
+
+CASES += [
+    Case("finite_partials", lambda a, b: record("finite_partials", [a, b]), [G, Arg((5,))],
+         np_fn=lambda a, b: _flags(1, a, b), grad=False, name="finite"),
+    Case("finite_partials", lambda a, b: record("finite_partials", [a, b]),
+         [Arg((3, 4), gen=BAD), Arg((700,), gen=HUGE)],
+         np_fn=lambda a, b: _flags(oo.guard_width([12, 700]), a, b), grad=False,
+         name="nan-and-inf"),
+    Case("step_ok", lambda loss, a, b: oo.step_ok(loss, [a, b]), [S, G, G],
+         np_fn=lambda *_: np.float32(1.0), grad=False, name="ok"),
+    Case("step_ok", lambda loss, a: oo.step_ok(loss, [a]), [Arg((), gen=np.float32(np.inf)), G],
+         np_fn=lambda *_: np.float32(0.0), grad=False, name="inf-loss"),
+    Case("step_ok", lambda loss, *gs: oo.step_ok(loss, list(gs)),
+         [S] + [G] * 40 + [Arg((3, 4), gen=BAD)],
+         np_fn=lambda *_: np.float32(0.0), grad=False, name="chained-nan-grad"),
+    Case("adam_moments", lambda s, g, ok: oo.adam_moments(s, g, "mv", 0.9, 0.999, ok=ok),
+         [MV, G, OK0], np_fn=lambda s, g, ok: s, grad=False, name="guarded-skip"),
+    Case("adam_moments", lambda s, g, ok: oo.adam_moments(s, g, "m", 0.9, 0.999, ok=ok),
+         [G, G, OK1], np_fn=lambda s, g, ok: _moments(s, g, "m"), grad=False,
+         name="guarded-apply"),
+    Case("adam_update_p",
+         lambda p, mv, lrt, s, ok: oo.adam_update_p(p, [mv], lrt, 1e-8, s, ok=ok),
+         [G, MV, S, S, OK0], np_fn=lambda p, mv, lrt, s, ok: p, grad=False,
+         name="guarded-skip"),
+    Case("sgd_velocity", lambda v, g, ok: oo.sgd_velocity(v, g, 0.9, ok=ok), [G, G, OK0],
+         np_fn=lambda v, g, ok: v, grad=False, name="guarded-skip"),
+    Case("sgd_update_p", lambda p, g, lr_, ok: oo.sgd_update_p(p, lr_, g=g, ok=ok),
+         [G, G, S, OK1], np_fn=lambda p, g, lr_, ok: p - lr_ * g, grad=False,
+         name="guarded-apply"),
+    Case("sgd_update_p",
+         lambda p, g, v, lr_, n, t, ok: oo.sgd_update_p(p, lr_, g=g, v=v, momentum=0.9,
+                                                        nesterov=True, gnorm=n, gtotal=t,
+                                                        clip=1.0, ok=ok),
+         [G, G, G, S, S, S, OK0], np_fn=lambda p, *_: p, grad=False,
+         name="guarded-skip-eight-bindings"),
+]
 COVERS = ["grad_sumsq", "grad_norm_total", "adam_moments", "adam_update_p", "sgd_velocity",
-          "sgd_update_p"]
+          "sgd_update_p", "finite_partials", "step_ok"]
 
 
 @pytest.mark.parametrize("case", params_for(CASES))
@@ -322,6 +374,12 @@ TRAJECTORIES = {
         lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
         {"normalize": ("p1", "p2")}),
 }
+
+
+def test_every_optimizer_kind_has_a_torch_trajectory() -> None:
+    covered = {config.kind for config, *_ in TRAJECTORIES.values()}
+    assert covered == set(optim.CONFIGS), \
+        f"optimizers without a trajectory against torch.optim: {set(optim.CONFIGS) - covered}"
 
 
 @pytest.mark.parametrize("name", sorted(TRAJECTORIES))

@@ -1,10 +1,11 @@
-"""The page bridge, Python side: post data to the page, convert values between JS and Python.
+"""Script mode: what a training script running in the worker uses to talk to its page.
 
 Inside the worker (Pyodide), :func:`post` sends ``{kind: "post", id, data}`` to the page, where
 ``id`` is the ``runScript`` request that is running, so the page routes it to that script's
 ``onPost``. Typed arrays in ``data`` are transferred, Python buffers become fresh typed arrays.
 Outside Pyodide (CPython), :func:`post` hands ``data`` to the sink set by :func:`set_sink`
-(by default it prints it), so the same script runs natively.
+(by default it prints it), so the same script runs natively. :func:`train_steps` and
+:func:`import_source` are the pieces every training page needs.
 """
 
 from __future__ import annotations
@@ -20,19 +21,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .gpu import in_pyodide
+from ..gpu import in_pyodide
+from .convert import to_js_value
 
-__all__ = ["TrainingRun", "current_request", "flat_buffer", "from_js", "import_source",
-           "in_pyodide", "plain", "post", "set_sink", "to_js_value", "train_steps"]
+__all__ = ["TrainingRun", "current_request", "import_source", "post", "set_sink",
+           "train_steps"]
 
 # The id of the request whose script is running (asyncio tasks inherit it).
 current_request: ContextVar[int | None] = ContextVar("tensorgrad_request", default=None)
 
 _sink: Callable[[Any], None] | None = None
-
-# Buffer formats Pyodide turns into typed arrays (Float32Array, Int32Array, ...): item sizes.
-_TYPED_ARRAY_FORMATS = {"f": 4, "d": 8, "i": 4, "I": 4, "l": 4, "L": 4, "h": 2, "H": 2,
-                        "b": 1, "B": 1, "c": 1}
 
 
 def set_sink(sink: Callable[[Any], None] | None) -> None:
@@ -52,88 +50,6 @@ def post(data: Any) -> None:
     send = getattr(js, "tensorgradPost", None) or js.postMessage
     send(message)
 
-
-def flat_buffer(data: Any) -> memoryview:
-    """A flat, C-contiguous memoryview of any buffer-protocol object, keeping its item format."""
-    mv = data if isinstance(data, memoryview) else memoryview(data)
-    fmt = mv.format.lstrip("@=<")
-    if mv.ndim != 1 or fmt != mv.format:
-        mv = mv.cast("B").cast(fmt) if mv.c_contiguous else memoryview(mv.tobytes()).cast(fmt)
-    return mv
-
-
-def _is_js(value: Any) -> bool:
-    if not in_pyodide():
-        return False
-    from pyodide.ffi import JsProxy
-
-    return isinstance(value, JsProxy)
-
-
-def _is_buffer(value: Any) -> bool:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return True
-    try:
-        memoryview(value)
-    except TypeError:
-        return False
-    return True
-
-
-def plain(value: Any) -> Any:
-    """`value` made sendable: buffers flattened (they become typed arrays), containers made
-    plain dicts and lists. Raises TypeError for anything the page cannot receive."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if _is_js(value):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
-        return value.item()  # a NumPy scalar or 0-d array: a number
-    if _is_buffer(value):
-        mv = flat_buffer(value)
-        if mv.format == "?":
-            mv = mv.cast("B")  # bools travel as a Uint8Array of 0/1
-        if _TYPED_ARRAY_FORMATS.get(mv.format) != mv.itemsize:
-            raise TypeError(f"no typed array for buffer format {mv.format!r} "
-                            f"({mv.itemsize} bytes per item)")
-        return mv
-    raise TypeError(f"cannot send a {type(value).__name__} to the page")
-
-
-def to_js_value(value: Any) -> Any:
-    """Convert `value` to JS in one FFI call: dicts → Objects, lists → Arrays, buffers → fresh
-    typed arrays (a copy, never a view of the WebAssembly heap). Pyodide only."""
-    import js
-    from pyodide.ffi import to_js
-
-    return to_js(plain(value), dict_converter=js.Object.fromEntries, create_pyproxies=False)
-
-
-def from_js(value: Any) -> Any:
-    """A JS value (a message) as Python, in one FFI call: Objects → dicts, Arrays → lists,
-    typed arrays → memoryviews (format 'f' for Float32Array, 'i' for Int32Array, ...),
-    null and undefined → None. Non-JS values pass through."""
-    if not _is_js(value):
-        return value
-    from pyodide.ffi import jsnull
-
-    def fix(v: Any) -> Any:
-        if v is jsnull:
-            return None
-        if isinstance(v, dict):
-            return {k: fix(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [fix(x) for x in v]
-        return v
-
-    return fix(value.to_py())
-
-
-# ---- script-mode helpers: the pieces every training page needs -------------------------------
 
 async def import_source(name: str, url: str, local_path: str | Path) -> ModuleType:
     """Import a module's source as `name`: fetched from `url` into the worker's filesystem
@@ -226,15 +142,3 @@ async def train_steps(train: Any, next_batch: Callable[[], Mapping[str, Any]], s
     run.stopped = should_stop()
     run.wall_seconds = time.perf_counter() - t_run
     return run
-
-
-# ---- Python on the page: the page client (tensorgrad/web_client.py), imported when used ------
-
-async def start(on_progress: Callable[[dict[str, Any]], Any] | None = None,
-                client_url: str | None = None, **options: Any) -> Any:
-    """From Python in a page-side Pyodide (PyScript, or loadPyodide on the page): load
-    tensorgrad.js, start tensorgrad's worker and return a :class:`tensorgrad.web_client.Session`
-    (``exec``, ``load``, ``run_script``, ``compile`` → ``step`` ...). See ``web_client.start``."""
-    from .web_client import start as _start
-
-    return await _start(on_progress=on_progress, client_url=client_url, **options)

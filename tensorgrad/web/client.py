@@ -2,7 +2,8 @@
 
 The same client as ``web/tensorgrad.js``, from Python running in a page-side Pyodide: it loads
 ``tensorgrad.js`` (a dynamic ``import()``), which starts tensorgrad's worker (its own Pyodide
-with the compiler and the GPU), and wraps the JS session::
+with the compiler and the GPU), and sends protocol messages (:mod:`tensorgrad.web.protocol`)
+through that JS session::
 
     import array
     import tensorgrad as tg
@@ -19,14 +20,14 @@ with the compiler and the GPU), and wraps the JS session::
         case tg.Failed(error=err): print(err.name, err, err.remote_traceback)
 
 Model, loss and optimizer are Python *expressions* evaluated in the worker's namespace (define
-them there with :meth:`Session.exec`, :meth:`Session.load` or :meth:`Session.run_script`).
-Step and run inputs are Python buffers (``array.array``, ``memoryview``, ``bytes``, NumPy
-arrays), flat lists of numbers, or JS typed arrays; each is copied into a fresh typed array
-that is transferred to the worker (a JS typed array passed as is is transferred itself, so it
-is detached afterwards). ``step`` and ``run`` return the native API's result objects
-(:class:`tensorgrad.Completed`, :class:`~tensorgrad.Aborted`, :class:`~tensorgrad.Failed`) and
-never raise; the other calls raise :class:`RemoteError` (a subclass of the worker's exception
-type where tensorgrad knows it, e.g. ``ValueError`` or ``tensorgrad.ShapeError``).
+them there with :meth:`Session.exec`, :meth:`Session.load` or :meth:`Session.run_script`); an
+optimizer may also be plain data (``{"kind": "adam", "lr": 1e-3}``). Step and run inputs are
+Python buffers (``array.array``, ``memoryview``, ``bytes``, NumPy arrays), flat lists of
+numbers, or JS typed arrays; each is copied into a fresh typed array that is transferred to the
+worker (a JS typed array passed as is is transferred itself, so it is detached afterwards).
+``step`` and ``run`` return the native API's result objects and never raise; the other calls
+raise :class:`~tensorgrad.errors.RemoteError` (mixed with the worker's exception class of that
+name where tensorgrad knows it, e.g. ``ValueError`` or ``tensorgrad.ShapeError``).
 """
 
 from __future__ import annotations
@@ -34,15 +35,19 @@ from __future__ import annotations
 import array
 import asyncio
 import inspect
+import sys
 from collections.abc import Callable, Mapping
+from math import prod
 from typing import Any, Self
 
-from .errors import RemoteError, remote_error
-from .hostdata import from_bytes, numpy_or_none
-from .results import Aborted, Captures, Completed, Failed, Result
-from .web import flat_buffer, from_js, in_pyodide, plain
+from ..errors import RemoteError, remote_error
+from ..gpu import WebGPUSupport, in_pyodide
+from ..hostdata import from_bytes, numpy_or_none
+from ..results import Aborted, Captures, Completed, Failed, Result
+from .convert import flat_buffer, from_js, plain, to_js_value
+from .protocol import check_payload
 
-__all__ = ["RemoteError", "RemoteForward", "RemoteTraining", "Session", "start"]
+__all__ = ["RemoteForward", "RemoteTraining", "Session", "check_webgpu", "start"]
 
 ProgressCallback = Callable[[dict[str, Any]], Any]
 PostCallback = Callable[[Any], Any]
@@ -52,38 +57,36 @@ _DTYPE_OF_FORMAT = {"f": "f32", "i": "i32", "l": "i32", "I": "bool", "L": "bool"
 _FORMAT_OF_DTYPE = {"f32": "f", "i32": "i", "bool": "I"}
 
 
-def _text(value: Any) -> str:
-    value = _py(value)
-    return "" if value is None else str(value)
-
-
+# -- JS calls ---------------------------------------------------------------------------------
 def _error_from_js(err: Any) -> RemoteError:
-    """A RemoteError from a JS Error carrying ``name``, ``message`` and ``traceback``."""
+    """A RemoteError from a JS Error (or a protocol error object) carrying ``name``,
+    ``message`` and ``traceback``."""
     if isinstance(err, RemoteError):
         return err
+    if isinstance(err, Mapping):
+        return remote_error(str(err.get("name") or "Error"), str(err.get("message") or ""),
+                            str(err.get("traceback") or ""))
     name = _text(getattr(err, "name", None)) or type(err).__name__
     message = _text(getattr(err, "message", None)) or str(err)
     traceback = _text(getattr(err, "traceback", None)) or _text(getattr(err, "stack", None))
     return remote_error(name, message, traceback)
 
 
+def _text(value: Any) -> str:
+    value = from_js(value)
+    return "" if value is None else str(value)
+
+
 async def _call(promise: Any) -> Any:
     """Await a JS promise; a rejection becomes :class:`RemoteError`."""
-    try:
-        return await promise
-    except Exception as exc:
-        if _is_js_error(exc):
-            raise _error_from_js(exc) from None
-        raise
-
-
-def _is_js_error(exc: BaseException) -> bool:
     from pyodide.ffi import JsException
 
-    return isinstance(exc, JsException)
+    try:
+        return await promise
+    except JsException as exc:
+        raise _error_from_js(exc) from None
 
 
-# -- conversions ------------------------------------------------------------------------------
 def _callback_proxy(fn: Callable[[Any], Any] | None) -> Any:
     """A JS-callable proxy passing each argument to `fn` as Python data (a coroutine it
     returns is scheduled); a no-op without `fn`. The caller destroys the proxy."""
@@ -92,40 +95,23 @@ def _callback_proxy(fn: Callable[[Any], Any] | None) -> Any:
     def call(data: Any) -> None:
         if fn is None:
             return
-        value = fn(_py(data))
+        value = fn(from_js(data))
         if inspect.isawaitable(value):
             asyncio.ensure_future(value)
 
     return create_proxy(call)
 
 
-def _py(value: Any) -> Any:
-    """A JS value as Python (JS null and undefined → None; objects → dicts, typed arrays →
-    memoryviews); Python values pass through."""
-    if value is None:
-        return None
-    from pyodide.ffi import JsProxy, jsnull
-
-    if value is jsnull:
-        return None
-    return from_js(value) if isinstance(value, JsProxy) else value
-
-
-def _to_js(value: Any) -> Any:
-    """A Python value as JS: dicts → Objects, lists/tuples → Arrays, JsProxies unwrapped."""
-    import js
-    from pyodide.ffi import to_js
-
-    return to_js(value, dict_converter=js.Object.fromEntries, create_pyproxies=False)
-
-
+# -- host data --------------------------------------------------------------------------------
 def _dtypes(inputs: Mapping[str, Any] | None) -> dict[str, str]:
     """``{name: dtype}`` from an inputs spec ``{name: shape | [shape, dtype]}``."""
     out = {}
     for name, spec in (inputs or {}).items():
         dtype = "f32"
-        if (isinstance(spec, (list, tuple)) and len(spec) == 2 and isinstance(spec[1], str)):
+        if isinstance(spec, (list, tuple)) and len(spec) == 2 and isinstance(spec[1], str):
             dtype = spec[1]
+        elif isinstance(spec, Mapping):
+            dtype = str(spec.get("dtype", "f32"))
         out[str(name)] = dtype
     return out
 
@@ -154,26 +140,23 @@ def _typed_array(what: str, value: Any, dtype: str) -> Any:
         raise TypeError(f"{what}: expected a buffer of {dtype} data (array.array, memoryview, "
                         f"bytes, a NumPy array), a flat list or a JS typed array; got "
                         f"{type(value).__name__} ({exc})") from None
-    return _to_js(mv)  # Pyodide copies the bytes into a new ArrayBuffer (never the heap)
+    return to_js_value(mv)  # Pyodide copies the bytes into a new ArrayBuffer (never the heap)
 
 
-def _inputs_to_js(inputs: Mapping[str, Any], dtypes: Mapping[str, str], what: str) -> Any:
-    return _to_js({name: _typed_array(f"{what} '{name}'", value, dtypes.get(name, "f32"))
-                   for name, value in inputs.items()})
+def _typed_arrays(inputs: Mapping[str, Any], dtypes: Mapping[str, str], what: str
+                  ) -> dict[str, Any]:
+    return {name: _typed_array(f"{what} '{name}'", value, dtypes.get(name, "f32"))
+            for name, value in inputs.items()}
 
 
 def _host_array(data: Any, shape: list[int] | None) -> Any:
     """A typed array from the worker as the native API returns it: a NumPy array when NumPy
     imports, else a memoryview cast to `shape` (flat when the shape is unknown)."""
-    mv = data if isinstance(data, memoryview) else _py(data)
-    if not isinstance(mv, memoryview):
-        mv = memoryview(mv)
+    mv = data if isinstance(data, memoryview) else memoryview(from_js(data))
     dtype = _DTYPE_OF_FORMAT.get(mv.format)
     if shape is None or dtype is None:
         return mv
-    count = 1
-    for n in shape:
-        count *= int(n)
+    count = prod(int(n) for n in shape)
     if mv.nbytes != mv.itemsize * count:
         return mv
     if numpy_or_none() is None and count == 0:
@@ -181,28 +164,20 @@ def _host_array(data: Any, shape: list[int] | None) -> Any:
     return from_bytes(mv.cast("B"), [int(n) for n in shape], dtype)
 
 
-def _captures(js_captures: Any) -> Captures:
-    captures = Captures()
-    if js_captures is None or _py(js_captures) is None:
-        return captures
-    for name in _py(js_captures.names()) or []:
-        shape = _py(js_captures.shape(name))
-        captures[name] = _host_array(js_captures.get(name), shape)
-    return captures
-
-
-def _result(js_result: Any, output: bool) -> Result:
-    """A JS step/run result ``{kind, loss | output, captures, error}`` as a native result."""
-    kind = _text(js_result.kind)
+def _result(reply: Mapping[str, Any], output: bool) -> Result:
+    """A step/run reply ``{kind, loss | output, captures, error}`` as a native result."""
+    kind = reply.get("kind")
     if kind == "aborted":
         return Aborted()
     if kind == "failed":
-        return Failed(_error_from_js(js_result.error))
-    captures = _captures(getattr(js_result, "captures", None))
+        return Failed(_error_from_js(reply.get("error") or {}))
+    shapes = reply.get("captureShapes") or {}
+    captures = Captures({name: _host_array(data, shapes.get(name))
+                         for name, data in (reply.get("captures") or {}).items()})
     if output:
-        shape = _py(getattr(js_result, "outputShape", None))
-        return Completed(output=_host_array(js_result.output, shape), captures=captures)
-    return Completed(loss=float(js_result.loss), captures=captures)
+        return Completed(output=_host_array(reply["output"], reply.get("outputShape")),
+                         captures=captures)
+    return Completed(loss=float(reply["loss"]), captures=captures)
 
 
 def _local_failure(exc: BaseException) -> Failed:
@@ -214,48 +189,56 @@ class RemoteForward:
     """A forward graph held by the worker (from :meth:`RemoteTraining.attach`), sharing its
     training graph's parameters. The remote twin of :class:`tensorgrad.Forward`."""
 
-    def __init__(self, session: Session, js_graph: Any, inputs: Mapping[str, Any] | None
-                 ) -> None:
+    def __init__(self, session: Session, info: Mapping[str, Any],
+                 inputs: Mapping[str, Any] | None) -> None:
         self.session = session
-        self.js = js_graph
+        self.graph_id = int(info["graphId"])
         self.input_dtypes = _dtypes(inputs)
+        self._update(info)
 
-    @property
-    def graph_id(self) -> int:
-        """The worker's id of this graph."""
-        return int(self.js.graphId)
+    def _update(self, info: Mapping[str, Any]) -> None:
+        self.param_names: list[str] = list(info.get("paramNames") or [])
+        self.param_shapes: dict[str, tuple[int, ...]] = {
+            k: tuple(v) for k, v in (info.get("paramShapes") or {}).items()}
+        self.param_count: int = int(info.get("paramCount") or 0)
 
-    @property
-    def param_names(self) -> list[str]:
-        """The parameter names, in the worker's order."""
-        return list(_py(self.js.paramNames) or [])
+    async def _request(self, kind: str, **payload: Any) -> Any:
+        return await self.session.request(kind, {"graphId": self.graph_id, **payload})
+
+    async def _graph_call(self, kind: str, inputs: Mapping[str, Any], output: bool) -> Result:
+        try:
+            typed = _typed_arrays(inputs, self.input_dtypes, f"{kind} input")
+            reply = await self.session.request(
+                kind, {"graphId": self.graph_id, "inputs": typed},
+                transfer=[t.buffer for t in typed.values()])
+            return _result(reply, output=output)
+        except Exception as exc:  # noqa: BLE001 (step/run report failures, never raise)
+            return _local_failure(exc)
 
     async def run(self, **inputs: Any) -> Result:
         """Run the forward: ``Completed(output=..., captures=...)``, ``Aborted()`` or
         ``Failed(error)``; never raises. The output is shaped like the native one (a NumPy
         array when NumPy imports, else a memoryview cast to the output's shape)."""
-        try:
-            js_inputs = _inputs_to_js(inputs, self.input_dtypes, "run input")
-            return _result(await self.js.run(js_inputs), output=True)
-        except Exception as exc:  # noqa: BLE001 (run reports failures, it never raises)
-            return _local_failure(exc)
+        return await self._graph_call("run", inputs, output=True)
 
     async def upload_params(self, params: Mapping[str, Any], partial: bool = False) -> None:
         """Replace parameters: ``{name: buffer | list | typed array}`` of f32 values; every
         param unless `partial`."""
-        js_params = _inputs_to_js(params, {}, "parameter")
-        await _call(self.js.uploadParams(js_params, _to_js({"partial": partial})))
+        typed = _typed_arrays(params, {}, "parameter")
+        await self.session.request("uploadParams", {"graphId": self.graph_id, "params": typed,
+                                                    "partial": bool(partial)},
+                                   transfer=[t.buffer for t in typed.values()])
 
-    async def download_params(self) -> dict[str, memoryview]:
-        """The parameters as flat f32 memoryviews, ``{name: memoryview}`` (copies)."""
-        params = _py(await _call(self.js.downloadParams())) or {}
-        return {name: value if isinstance(value, memoryview) else memoryview(value)
+    async def download_params(self) -> dict[str, Any]:
+        """The parameters ``{name: array}``, shaped like the native API's (copies)."""
+        params = await self._request("downloadParams") or {}
+        return {name: _host_array(value, list(self.param_shapes.get(name, ())) or None)
                 for name, value in params.items()}
 
     async def destroy(self) -> None:
         """Free the graph in the worker (and, for a training graph, its attached forwards);
         pending and later calls return ``Aborted()``."""
-        await _call(self.js.destroy())
+        await self._request("destroy")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} graph {self.graph_id}: {', '.join(self.param_names)}>"
@@ -265,44 +248,45 @@ class RemoteTraining(RemoteForward):
     """A compiled training step held by the worker. The remote twin of
     :class:`tensorgrad.Training` (``await train.step(**inputs)`` and friends)."""
 
-    def __init__(self, session: Session, js_train: Any, spec: Mapping[str, Any]) -> None:
-        super().__init__(session, js_train, spec.get("inputs"))
+    def __init__(self, session: Session, info: Mapping[str, Any], spec: Mapping[str, Any]
+                 ) -> None:
+        super().__init__(session, info, spec.get("inputs"))
         self.spec = dict(spec)
 
-    @property
-    def kernel_count(self) -> int:
-        """How many kernels one step dispatches."""
-        return int(self.js.kernelCount)
+    def _update(self, info: Mapping[str, Any]) -> None:
+        super()._update(info)
+        self.kernel_count: int = int(info.get("kernelCount") or 0)
 
     async def step(self, **inputs: Any) -> Result:
         """One training step: ``Completed(loss=..., captures=...)``, ``Aborted()`` or
         ``Failed(error)``; never raises. Inputs are buffers, flat lists or typed arrays."""
-        try:
-            js_inputs = _inputs_to_js(inputs, self.input_dtypes, "step input")
-            return _result(await self.js.step(js_inputs), output=False)
-        except Exception as exc:  # noqa: BLE001 (step reports failures, it never raises)
-            return _local_failure(exc)
+        return await self._graph_call("step", inputs, output=False)
 
     async def attach(self, forward: str, inputs: Mapping[str, Any], output: str | None = None
                      ) -> RemoteForward:
         """A forward graph sharing this graph's parameters: `forward` is an expression naming
         a ``fn(model, **inputs)`` in the worker; one input dim may be None."""
-        spec: dict[str, Any] = {"forward": forward, "inputs": inputs}
+        payload: dict[str, Any] = {"forward": forward, "inputs": inputs}
         if output is not None:
-            spec["output"] = output
-        js_forward = await _call(self.js.attach(_to_js(spec)))
-        return RemoteForward(self.session, js_forward, inputs)
+            payload["output"] = output
+        return RemoteForward(self.session, await self._request("attach", **payload), inputs)
 
-    async def set_lr(self, lr: float | str) -> None:
-        """A new learning rate: a number, or an expression building a schedule."""
-        await _call(self.js.setLR(lr))
+    async def reset(self, params: bool = True, optimizer: bool = True) -> None:
+        """Re-initialise params (same seed) and/or the optimizer state and step counter."""
+        await self._request("reset", params=bool(params), optimizer=bool(optimizer))
+
+    async def set_lr(self, lr: float | str | Mapping[str, Any]) -> None:
+        """A new learning rate: a number, a schedule as plain data, or an expression."""
+        await self._request("setLR", lr=lr)
 
     async def replace_model(self, model: str, seed: int | None = None,
-                            optimizer: str | None = None) -> dict[str, Any]:
+                            optimizer: str | Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Recompile for a new model expression; this handle stays valid and pending calls
-        return ``Aborted()``. Returns ``{paramNames, kernelCount}``."""
+        return ``Aborted()``. Returns ``{paramNames, paramShapes, paramCount, kernelCount}``."""
         options = {k: v for k, v in (("seed", seed), ("optimizer", optimizer)) if v is not None}
-        return _py(await _call(self.js.replaceModel(model, _to_js(options)))) or {}
+        info = await self._request("replaceModel", model=model, **options) or {}
+        self._update(info)
+        return info
 
 
 # -- the session ------------------------------------------------------------------------------
@@ -313,52 +297,71 @@ class Session:
         self.js = js_session
         self.client = client  # the imported tensorgrad.js module
 
+    async def request(self, kind: str, payload: Mapping[str, Any] | None = None, *,
+                      transfer: list[Any] | None = None, on_post: PostCallback | None = None
+                      ) -> Any:
+        """Send one protocol message (checked against the table first); its result as Python
+        data. `transfer` lists JS ArrayBuffers to move to the worker. Raises
+        :class:`~tensorgrad.web.protocol.ProtocolError` for a message the table does not
+        allow, :class:`RemoteError` when the worker fails it."""
+        check_payload(kind, payload or {})
+        options: dict[str, Any] = {"transfer": transfer or []}
+        proxy = _callback_proxy(on_post) if on_post is not None else None
+        if proxy is not None:
+            options["onPost"] = proxy
+        try:
+            reply = await _call(self.js.request(kind, to_js_value(payload or {}),
+                                                to_js_value(options)))
+        finally:
+            if proxy is not None:
+                proxy.destroy()
+        return from_js(reply)
+
     @property
     def timings(self) -> dict[str, Any]:
         """The worker's start-up timings (ms): pyodideMs, micropipMs, wheelMs, importMs..."""
-        return _py(self.js.timings) or {}
+        return from_js(self.js.timings) or {}
 
     @property
     def dead(self) -> bool:
         """True once the worker is gone (terminated or crashed)."""
-        return _py(self.js.dead) is not None
+        return from_js(self.js.dead) is not None
 
     async def exec(self, source: str) -> str | None:
         """Run Python source in the worker's namespace (top-level ``await`` allowed); the repr
         of its last expression, or None. Raises :class:`RemoteError` when it raised."""
-        return _py(await _call(self.js.exec(source)))
+        return await self.request("exec", {"source": source})
 
     async def load(self, url: str) -> str | None:
         """Fetch Python source from `url` (relative to the page) and run it like exec."""
-        return _py(await _call(self.js.load(url)))
+        import js
+
+        return await self.request("load", {"url": str(js.URL.new(url, js.location.href).href)})
 
     async def run_script(self, source: str, on_post: PostCallback | None = None) -> Any:
         """Run source defining ``async def main()`` in the worker and await it; each
         ``tensorgrad.web.post(obj)`` there calls ``on_post(obj)`` here (a dict, typed arrays as
         memoryviews; a coroutine it returns is scheduled). Returns main's value."""
-        proxy = _callback_proxy(on_post)
-        try:
-            result = await _call(self.js.runScript(source, _to_js({"onPost": proxy})))
-        finally:
-            proxy.destroy()
-        return _py(result)
+        return await self.request("runScript", {"source": source},
+                                  on_post=on_post or (lambda _: None))
 
     async def ping(self, value: Any = None) -> dict[str, Any]:
         """``{pong, python, platform, kinds}`` from the worker."""
-        return _py(await _call(self.js.ping(_to_js(value)))) or {}
+        return await self.request("ping", {"value": value}) or {}
 
     async def compile(self, *, model: str, loss: str, inputs: Mapping[str, Any],
                       optimizer: str | Mapping[str, Any] | None = None,
                       seed: int | None = None) -> RemoteTraining:
         """Compile a training step in the worker. `model`, `loss` and `optimizer` are Python
-        expressions there (``"MLP()"``, ``"loss_fn"``, ``"tg.optim.Adam(lr=1e-3)"``); `inputs`
-        is ``{name: shape | [shape, dtype]}``. Raises :class:`RemoteError` on failure."""
-        spec: dict[str, Any] = {"model": model, "loss": loss, "inputs": inputs,
-                                "optimizer": optimizer}
+        expressions there (``"MLP()"``, ``"loss_fn"``, ``"tg.optim.Adam(lr=1e-3)"``); the
+        optimizer may also be plain data; `inputs` is ``{name: shape | [shape, dtype]}``.
+        Raises :class:`RemoteError` on failure."""
+        spec: dict[str, Any] = {"model": model, "loss": loss, "inputs": inputs}
+        if optimizer is not None:
+            spec["optimizer"] = optimizer
         if seed is not None:
             spec["seed"] = int(seed)
-        js_train = await _call(self.js.compile(_to_js(spec)))
-        return RemoteTraining(self, js_train, spec)
+        return RemoteTraining(self, await self.request("compile", spec), spec)
 
     def terminate(self) -> None:
         """Stop the worker; pending requests fail and later ones raise."""
@@ -377,8 +380,8 @@ def _check_browser() -> Any:
     if not in_pyodide():
         raise RuntimeError(
             "tensorgrad.web.start() runs in Pyodide on a web page (PyScript, or loadPyodide on "
-            f"the page), not here (sys.platform is {__import__('sys').platform!r}); natively, "
-            "use `await tensorgrad.compile(...)` directly")
+            f"the page), not here (sys.platform is {sys.platform!r}); natively, use "
+            "`await tensorgrad.compile(...)` directly")
     import js
 
     if not hasattr(js, "Worker") or not hasattr(js, "location"):
@@ -389,11 +392,15 @@ def _check_browser() -> Any:
     return js
 
 
+def _page_base(js: Any) -> str:
+    return _text(getattr(getattr(js, "document", None), "baseURI", None)) or _text(
+        js.location.href)
+
+
 def _default_client_urls(js: Any) -> list[str]:
     """Where tensorgrad.js may be: beside the page (its base URL), then the folder above
     Pyodide's (the root of a served ``dist/web/``, where ``pyodide/`` lives)."""
-    base = _text(getattr(getattr(js, "document", None), "baseURI", None)) or _text(
-        js.location.href)
+    base = _page_base(js)
     urls = [str(js.URL.new("tensorgrad.js", base).href)]
     try:
         import pyodide_js
@@ -406,18 +413,23 @@ def _default_client_urls(js: Any) -> list[str]:
     return list(dict.fromkeys(urls))
 
 
+_clients: dict[str | None, Any] = {}
+
+
 async def _import_client(js: Any, client_url: str | None) -> Any:
+    """The tensorgrad.js module (imported once per URL)."""
+    if client_url in _clients:
+        return _clients[client_url]
     from pyodide.code import run_js
 
     import_module = run_js("(url) => import(url)")
-    base = _text(getattr(getattr(js, "document", None), "baseURI", None)) or _text(
-        js.location.href)
-    urls = ([str(js.URL.new(client_url, base).href)] if client_url is not None
+    urls = ([str(js.URL.new(client_url, _page_base(js)).href)] if client_url is not None
             else _default_client_urls(js))
     errors = []
     for url in urls:
         try:
-            return await import_module(url)
+            module = _clients[client_url] = await import_module(url)
+            return module
         except Exception as exc:  # noqa: BLE001 (try the next place)
             errors.append(f"{url}: {exc}")
     raise RuntimeError("cannot import tensorgrad.js (pass client_url=...): " + "; ".join(errors))
@@ -444,7 +456,17 @@ async def start(on_progress: ProgressCallback | None = None, client_url: str | N
         if value is not None:
             options[key] = value
     try:
-        js_session = await _call(client.start(_to_js(options)))
+        js_session = await _call(client.start(to_js_value(options)))
     finally:
         proxy.destroy()  # start() calls onProgress only until the worker is ready
     return Session(js_session, client)
+
+
+async def check_webgpu(client_url: str | None = None) -> WebGPUSupport:
+    """Whether this page can run tensorgrad: tensorgrad.js's ``checkWebGPU`` (it probes the
+    adapter in a throwaway worker, so the page never freezes; a success is cached)."""
+    js = _check_browser()
+    client = await _import_client(js, client_url)
+    got = from_js(await _call(client.checkWebGPU()))
+    return WebGPUSupport(bool(got.get("ok")), str(got.get("message") or ""),
+                         got.get("reason"))

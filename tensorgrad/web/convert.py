@@ -1,0 +1,104 @@
+"""Values across the JS↔Python boundary (Pyodide): plain data, buffers and typed arrays.
+
+:func:`plain` makes a value sendable (containers plain, buffers flat), :func:`to_js_value`
+converts it in one FFI call, :func:`from_js` brings a JS value back (typed arrays become
+memoryviews). Outside Pyodide only :func:`plain` and :func:`flat_buffer` apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..gpu import in_pyodide
+
+__all__ = ["flat_buffer", "from_js", "plain", "to_js_value"]
+
+# Buffer formats Pyodide turns into typed arrays (Float32Array, Int32Array, ...): item sizes.
+_TYPED_ARRAY_FORMATS = {"f": 4, "d": 8, "i": 4, "I": 4, "l": 4, "L": 4, "h": 2, "H": 2,
+                        "b": 1, "B": 1, "c": 1}
+
+
+def flat_buffer(data: Any) -> memoryview:
+    """A flat, C-contiguous memoryview of any buffer-protocol object, keeping its item format."""
+    mv = data if isinstance(data, memoryview) else memoryview(data)
+    fmt = mv.format.lstrip("@=<")
+    if mv.ndim != 1 or fmt != mv.format:
+        mv = mv.cast("B").cast(fmt) if mv.c_contiguous else memoryview(mv.tobytes()).cast(fmt)
+    return mv
+
+
+def _is_js(value: Any) -> bool:
+    if not in_pyodide():
+        return False
+    from pyodide.ffi import JsProxy
+
+    return isinstance(value, JsProxy)
+
+
+def _is_buffer(value: Any) -> bool:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return True
+    try:
+        memoryview(value)
+    except TypeError:
+        return False
+    return True
+
+
+def plain(value: Any) -> Any:
+    """`value` made sendable: buffers flattened (they become typed arrays), containers made
+    plain dicts and lists. Raises TypeError for anything the page cannot receive."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if _is_js(value):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        return value.item()  # a NumPy scalar or 0-d array: a number
+    if _is_buffer(value):
+        mv = flat_buffer(value)
+        if mv.format == "?":
+            mv = mv.cast("B")  # bools travel as a Uint8Array of 0/1
+        if _TYPED_ARRAY_FORMATS.get(mv.format) != mv.itemsize:
+            raise TypeError(f"no typed array for buffer format {mv.format!r} "
+                            f"({mv.itemsize} bytes per item)")
+        return mv
+    raise TypeError(f"cannot send a {type(value).__name__} to the page")
+
+
+def to_js_value(value: Any) -> Any:
+    """Convert `value` to JS in one FFI call: dicts → Objects, lists → Arrays, buffers → fresh
+    typed arrays (a copy, never a view of the WebAssembly heap). Pyodide only."""
+    import js
+    from pyodide.ffi import to_js
+
+    return to_js(plain(value), dict_converter=js.Object.fromEntries, create_pyproxies=False)
+
+
+def from_js(value: Any) -> Any:
+    """A JS value (a message) as Python, in one FFI call: Objects → dicts, Arrays → lists,
+    typed arrays → memoryviews (format 'f' for Float32Array, 'i' for Int32Array, ...),
+    null and undefined → None. Non-JS values pass through."""
+    if value is None or not in_pyodide():
+        return value
+    from pyodide.ffi import JsProxy, jsnull
+
+    if value is jsnull:
+        return None
+    if not isinstance(value, JsProxy):
+        return value
+
+    def fix(v: Any) -> Any:
+        if v is jsnull:
+            return None
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v
+
+    return fix(value.to_py())

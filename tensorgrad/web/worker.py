@@ -1,0 +1,387 @@
+"""The Python message loop of tensorgrad's Web Worker (``web/worker.mjs`` calls :func:`handle`).
+
+A message ``{id, kind, payload}`` is checked against the protocol table
+(:mod:`tensorgrad.web.protocol`) and goes to the handler registered for ``kind``. What the
+handler returns becomes ``{id, ok: true, result}``; what it raises becomes ``{id, ok: false,
+error: {name, message, traceback}}``, `name` being the exception's class name (the page
+client maps it back, see :func:`tensorgrad.errors.remote_error`). Handlers run concurrently
+(each message is its own coroutine); work on one graph is serialised by that graph's lock.
+
+Typed arrays in a payload arrive as memoryviews ('f' for Float32Array, 'i' for Int32Array).
+The same loop runs in CPython with plain dicts (``await handle({...})``), for tests.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import itertools
+import linecache
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import api, optim
+from .. import lr as lr_mod
+from ..api import Forward, Training
+from ..errors import AbortError, ProtocolError
+from ..gpu import in_pyodide
+from .convert import flat_buffer, from_js, plain, to_js_value
+from .protocol import MESSAGES, check_payload
+from .script import current_request
+
+__all__ = ["HANDLERS", "Graph", "Session", "dispatch", "handle", "handler", "run_source"]
+
+Handler = Callable[[dict[str, Any], "Session"], Awaitable[Any]]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handler(kind: str) -> Callable[[Handler], Handler]:
+    """Register the async ``(payload, session) -> result`` function for `kind` (a kind of the
+    protocol table)."""
+    if kind not in MESSAGES:
+        raise ValueError(f"handler: {kind!r} is not a message kind of the protocol table")
+
+    def register(fn: Handler) -> Handler:
+        HANDLERS[kind] = fn
+        return fn
+
+    return register
+
+
+@dataclass
+class Graph:
+    """A compiled graph held by the worker: a training or an attached forward handle."""
+
+    obj: Training | Forward
+    parent: int | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    destroyed: bool = False
+
+
+class Session:
+    """What the worker keeps between messages: the exec namespace and the compiled graphs."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {"__name__": "__main__"}
+        self.graphs: dict[int, Graph] = {}
+        self._ids = itertools.count(1)
+
+    def add_graph(self, graph: Graph) -> int:
+        graph_id = next(self._ids)
+        self.graphs[graph_id] = graph
+        return graph_id
+
+    @staticmethod
+    def graph_id(value: Any) -> int:
+        """A payload's graphId as an int; ProtocolError when it is not a whole number."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise ProtocolError(f"graphId must be a number, got {value!r}")
+        return int(value)
+
+    def graph(self, graph_id: Any) -> Graph:
+        """The live graph `graph_id`, else :class:`~tensorgrad.errors.AbortError`."""
+        graph = self.graphs.get(self.graph_id(graph_id))
+        if graph is None or graph.destroyed:
+            raise AbortError(f"graph {graph_id} does not exist (destroyed?)")
+        return graph
+
+    def evaluate(self, source: Any) -> Any:
+        """A Python expression string evaluated in the namespace; other values pass through."""
+        return eval(source, self.namespace) if isinstance(source, str) else source
+
+    def optimizer(self, value: Any) -> Any:
+        """An optimizer from an expression or plain data ``{kind: "adam", lr: ...}``."""
+        if isinstance(value, Mapping):
+            return optim.from_dict(value)
+        return self.evaluate(value)
+
+    def lr(self, value: Any) -> Any:
+        """A learning rate: a number, a schedule as plain data, or an expression."""
+        if isinstance(value, Mapping):
+            return lr_mod.from_dict(dict(value))
+        return self.evaluate(value)
+
+
+SESSION = Session()
+
+
+# -- the loop ---------------------------------------------------------------------------------
+def error_info(exc: BaseException) -> dict[str, str]:
+    """``{name, message, traceback}`` of an exception, the full formatted traceback included."""
+    return {"name": type(exc).__name__, "message": str(exc),
+            "traceback": "".join(traceback.format_exception(exc))}
+
+
+async def dispatch(message: Any, session: Session = SESSION) -> dict[str, Any]:
+    """Run the handler for one message; the reply as a Python dict."""
+    request_id = message.get("id") if isinstance(message, Mapping) else None
+    token = current_request.set(request_id)
+    try:
+        if not isinstance(message, Mapping):
+            raise ProtocolError(f"a message must be an object {{id, kind, payload}}, got "
+                                f"{type(message).__name__}")
+        kind, payload = message.get("kind"), message.get("payload")
+        check_payload(kind, payload)
+        result = await HANDLERS[kind](dict(payload or {}), session)
+        return {"id": request_id, "ok": True, "result": result}
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 (every failure goes to the page)
+        return {"id": request_id, "ok": False, "error": error_info(exc)}
+    finally:
+        current_request.reset(token)
+
+
+async def handle(message: Any) -> Any:
+    """The worker's entry point: a JS message in, a JS reply out (dicts in and out in CPython)."""
+    message = from_js(message)  # typed arrays become memoryviews (one copy)
+    reply = await dispatch(message)
+    if not in_pyodide():
+        return reply
+    try:
+        return to_js_value(reply)
+    except Exception as exc:  # noqa: BLE001 (a result the page cannot receive)
+        return to_js_value({"id": reply["id"], "ok": False, "error": error_info(exc)})
+
+
+# -- running Python source --------------------------------------------------------------------
+_sources = itertools.count(1)
+
+
+async def run_source(source: str, namespace: dict[str, Any], filename: str | None = None) -> Any:
+    """Execute `source` in `namespace` (top-level ``await`` allowed); the value of its last
+    line when that is an expression, else None. Tracebacks show the source's lines."""
+    if not isinstance(source, str):
+        raise ProtocolError(f"source must be a string, got {type(source).__name__}")
+    filename = filename or f"<exec-{next(_sources)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    tree = ast.parse(source, filename)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    body = compile(tree, filename, "exec", flags=flags)
+    result = eval(body, namespace)
+    if body.co_flags & inspect.CO_COROUTINE:
+        await result
+    if last is None:
+        return None
+    expr = compile(ast.Expression(last.value), filename, "eval", flags=flags)
+    value = eval(expr, namespace)
+    if expr.co_flags & inspect.CO_COROUTINE:
+        value = await value
+    return value
+
+
+async def _fetch_text(url: str) -> str:
+    if in_pyodide():
+        from pyodide.http import pyfetch
+
+        response = await pyfetch(url)
+        if not response.ok:
+            raise OSError(f"GET {url}: HTTP {response.status}")
+        return await response.string()
+    import urllib.request
+
+    def get() -> str:
+        with urllib.request.urlopen(url) as response:
+            return response.read().decode()
+
+    return await asyncio.to_thread(get)
+
+
+@handler("ping")
+async def _ping(payload: dict[str, Any], session: Session) -> dict[str, Any]:
+    return {"pong": payload.get("value"), "python": sys.version.split()[0],
+            "platform": sys.platform, "kinds": sorted(HANDLERS)}
+
+
+@handler("exec")
+async def _exec(payload: dict[str, Any], session: Session) -> str | None:
+    value = await run_source(payload["source"], session.namespace, payload.get("filename"))
+    return None if value is None else repr(value)
+
+
+@handler("load")
+async def _load(payload: dict[str, Any], session: Session) -> str | None:
+    url = payload["url"]
+    value = await run_source(await _fetch_text(url), session.namespace, url)
+    return None if value is None else repr(value)
+
+
+@handler("runScript")
+async def _run_script(payload: dict[str, Any], session: Session) -> Any:
+    """``tensorgrad.web.post(obj)`` inside main() streams ``{kind: "post", id, data}``."""
+    await run_source(payload["source"], session.namespace, payload.get("filename"))
+    main = session.namespace.get("main")
+    if not callable(main):
+        raise TypeError("runScript: the source must define `async def main()`")
+    value = main()
+    if inspect.isawaitable(value):
+        value = await value
+    try:
+        return plain(value)
+    except TypeError:
+        return repr(value)
+
+
+# -- compiled graphs (the async Python API: train = await tg.compile(...)) ------------------
+def _graph_info(obj: Training | Forward) -> dict[str, Any]:
+    info: dict[str, Any] = {"paramNames": obj.param_names,
+                            "paramShapes": {k: list(v) for k, v in obj.param_shapes.items()},
+                            "paramCount": obj.param_count}
+    if isinstance(obj, Training):
+        info["kernelCount"] = obj.kernel_count
+    return info
+
+
+def _captures(captures: Any) -> tuple[dict[str, memoryview], dict[str, list[int]]]:
+    """Captured tensors as flat buffers (sent as typed arrays) and their shapes."""
+    data, shapes = {}, {}
+    for name, value in captures.items():
+        mv = memoryview(value)
+        data[name], shapes[name] = flat_buffer(mv), list(mv.shape)
+    return data, shapes
+
+
+def _result(res: Any, output: str) -> dict[str, Any]:
+    """A step/run result as the page receives it."""
+    if res.kind == "aborted":
+        return {"kind": "aborted"}
+    if res.kind == "failed":
+        return {"kind": "failed", "error": error_info(res.error)}
+    captures, shapes = _captures(res.captures)
+    reply: dict[str, Any] = {"kind": "completed", "captures": captures, "captureShapes": shapes}
+    if output == "loss":
+        reply["loss"] = float(res.loss)
+    else:
+        mv = memoryview(res.output)
+        reply["output"], reply["outputShape"] = flat_buffer(mv), list(mv.shape)
+    return reply
+
+
+def _inputs(payload: dict[str, Any], what: str) -> dict[str, Any]:
+    inputs = payload[what]
+    if not isinstance(inputs, Mapping):
+        raise ProtocolError(f"{what} must be an object {{name: typed array}}, got "
+                            f"{type(inputs).__name__}")
+    return dict(inputs)
+
+
+@handler("compile")
+async def _compile(payload: dict[str, Any], session: Session) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if payload.get("seed") is not None:
+        kwargs["seed"] = int(payload["seed"])
+    train = await api.compile(
+        model=session.evaluate(payload["model"]), loss=session.evaluate(payload["loss"]),
+        inputs=payload["inputs"], optimizer=session.optimizer(payload.get("optimizer")),
+        **kwargs)
+    return {"graphId": session.add_graph(Graph(train)), **_graph_info(train)}
+
+
+async def _step_or_run(payload: dict[str, Any], session: Session, method: str, output: str
+                       ) -> dict[str, Any]:
+    try:
+        graph = session.graph(payload["graphId"])
+        inputs = _inputs(payload, "inputs")
+        async with graph.lock:
+            if graph.destroyed:
+                raise AbortError(f"graph {payload['graphId']} was destroyed")
+            res = await getattr(graph.obj, method)(**inputs)
+    except AbortError:
+        return {"kind": "aborted"}
+    return _result(res, output)
+
+
+@handler("step")
+async def _step(payload: dict[str, Any], session: Session) -> dict[str, Any]:
+    return await _step_or_run(payload, session, "step", "loss")
+
+
+@handler("run")
+async def _run(payload: dict[str, Any], session: Session) -> dict[str, Any]:
+    return await _step_or_run(payload, session, "run", "output")
+
+
+@handler("attach")
+async def _attach(payload: dict[str, Any], session: Session) -> dict[str, Any]:
+    parent_id = session.graph_id(payload["graphId"])
+    parent = session.graph(parent_id)
+    if not isinstance(parent.obj, Training):
+        raise TypeError(f"attach: graph {parent_id} is a forward graph; attach to a training "
+                        "graph")
+    kwargs = {"output": payload["output"]} if payload.get("output") else {}
+    forward = await parent.obj.attach(forward=session.evaluate(payload["forward"]),
+                                      inputs=payload["inputs"], **kwargs)
+    return {"graphId": session.add_graph(Graph(forward, parent=parent_id)),
+            **_graph_info(forward)}
+
+
+@handler("uploadParams")
+async def _upload_params(payload: dict[str, Any], session: Session) -> None:
+    graph = session.graph(payload["graphId"])
+    params = {name: flat_buffer(data) for name, data in _inputs(payload, "params").items()}
+    async with graph.lock:
+        await graph.obj.upload_params(params, partial=bool(payload.get("partial", False)))
+
+
+@handler("downloadParams")
+async def _download_params(payload: dict[str, Any], session: Session) -> dict[str, memoryview]:
+    graph = session.graph(payload["graphId"])
+    async with graph.lock:
+        params = await graph.obj.download_params()
+    return {name: flat_buffer(value) for name, value in params.items()}
+
+
+def _training(graph: Graph, kind: str, graph_id: Any) -> Training:
+    if not isinstance(graph.obj, Training):
+        raise TypeError(f"{kind}: graph {graph_id} is a forward graph, not a training graph")
+    return graph.obj
+
+
+@handler("reset")
+async def _reset(payload: dict[str, Any], session: Session) -> None:
+    graph = session.graph(payload["graphId"])
+    train = _training(graph, "reset", payload["graphId"])
+    async with graph.lock:
+        await train.reset(params=bool(payload.get("params", True)),
+                          optimizer=bool(payload.get("optimizer", True)))
+
+
+@handler("setLR")
+async def _set_lr(payload: dict[str, Any], session: Session) -> None:
+    graph = session.graph(payload["graphId"])
+    train = _training(graph, "setLR", payload["graphId"])
+    async with graph.lock:
+        await train.set_lr(session.lr(payload["lr"]))
+
+
+@handler("replaceModel")
+async def _replace_model(payload: dict[str, Any], session: Session) -> dict[str, Any]:
+    graph = session.graph(payload["graphId"])
+    train = _training(graph, "replaceModel", payload["graphId"])
+    kwargs: dict[str, Any] = {}
+    if payload.get("seed") is not None:
+        kwargs["seed"] = int(payload["seed"])
+    if payload.get("optimizer") is not None:
+        kwargs["optimizer"] = session.optimizer(payload["optimizer"])
+    async with graph.lock:
+        await train.replace_model(session.evaluate(payload["model"]), **kwargs)
+    return _graph_info(train)
+
+
+@handler("destroy")
+async def _destroy(payload: dict[str, Any], session: Session) -> None:
+    graph_id = session.graph_id(payload["graphId"])
+    doomed = [graph_id] + [i for i, g in session.graphs.items() if g.parent == graph_id]
+    for i in reversed(doomed):
+        graph = session.graphs.pop(i, None)
+        if graph is not None:
+            graph.destroyed = True
+            graph.obj.destroy()
+
+
+_unhandled = sorted(set(MESSAGES) - set(HANDLERS))
+if _unhandled:  # a programming error, caught at import
+    raise RuntimeError(f"the worker has no handler for the protocol's kinds {_unhandled}")

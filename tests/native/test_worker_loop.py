@@ -1,0 +1,128 @@
+"""The worker's message loop (tensorgrad.web.worker) in CPython, on the native device: the
+protocol table is enforced, optimizers and LRs arrive as plain data, reset/setLR work."""
+
+from __future__ import annotations
+
+import array
+import asyncio
+from typing import Any
+
+import pytest
+
+from tensorgrad import api
+from tensorgrad.web import worker
+
+MODEL = """
+import tensorgrad as tg
+
+class Tiny(tg.Module):
+    def __init__(self):
+        self.fc = tg.Linear(3, 1)
+
+def tiny_loss(model, x, y):
+    return tg.mean(tg.square(model.fc(x) - y))
+"""
+X = array.array("f", [0.5, -1.0, 2.0, 1.0, 0.0, -0.5])
+Y = array.array("f", [1.0, -1.0])
+
+
+@pytest.fixture
+def session(gpu_device, monkeypatch) -> worker.Session:
+    monkeypatch.setattr(api, "_default_device", gpu_device)  # the worker compiles on it
+    s = worker.Session()
+    reply = asyncio.run(worker.dispatch({"id": 1, "kind": "exec", "payload": {"source": MODEL}},
+                                        s))
+    assert reply["ok"], reply
+    return s
+
+
+def call(session: worker.Session, kind: str, payload: Any, request_id: int = 7) -> dict:
+    return asyncio.run(worker.dispatch({"id": request_id, "kind": kind, "payload": payload},
+                                       session))
+
+
+def compile_tiny(session: worker.Session, optimizer: Any) -> dict:
+    reply = call(session, "compile", {"model": "Tiny()", "loss": "tiny_loss",
+                                      "inputs": {"x": [2, 3], "y": [2, 1]},
+                                      "optimizer": optimizer, "seed": 4})
+    assert reply["ok"], reply["error"]["traceback"]
+    return reply["result"]
+
+
+def test_plain_data_optimizer_and_graph_info(session) -> None:
+    info = compile_tiny(session, {"kind": "adam", "lr": 0.05})
+    assert info["paramNames"] == ["fc.W", "fc.b"]
+    assert info["paramShapes"] == {"fc.W": [3, 1], "fc.b": [1]}
+    assert info["paramCount"] == 4 and info["kernelCount"] > 0
+    train = session.graph(info["graphId"]).obj
+    assert type(train._optimizer).__name__ == "Adam" and train._optimizer.lr == 0.05
+    step = call(session, "step", {"graphId": info["graphId"], "inputs": {"x": X, "y": Y}})
+    assert step["ok"] and step["result"]["kind"] == "completed", step
+
+
+def test_schedules_as_plain_data(session) -> None:
+    info = compile_tiny(session, {"kind": "sgd", "lr": {"kind": "linear", "peak": 0.1,
+                                                        "final": 0.0, "steps": 10}})
+    train = session.graph(info["graphId"]).obj
+    assert type(train._optimizer.lr).__name__ == "Linear"
+    reply = call(session, "setLR", {"graphId": info["graphId"],
+                                    "lr": {"kind": "constant", "value": 0.25}})
+    assert reply["ok"], reply
+    assert type(train._lr).__name__ == "Constant" and train._lr.value == 0.25
+
+
+def test_reset_restores_the_initial_params(session) -> None:
+    info = compile_tiny(session, "tg.optim.SGD(lr=0.5)")
+    gid = info["graphId"]
+    before = call(session, "downloadParams", {"graphId": gid})["result"]
+    for _ in range(3):
+        assert call(session, "step", {"graphId": gid, "inputs": {"x": X, "y": Y}})["ok"]
+    moved = call(session, "downloadParams", {"graphId": gid})["result"]
+    assert moved["fc.W"].tolist() != before["fc.W"].tolist()
+    assert call(session, "reset", {"graphId": gid, "optimizer": False})["ok"]
+    again = call(session, "downloadParams", {"graphId": gid})["result"]
+    assert again["fc.W"].tolist() == before["fc.W"].tolist()
+    assert session.graph(gid).obj.step_count == 3  # optimizer state was not reset
+    assert call(session, "reset", {"graphId": gid})["ok"]
+    assert session.graph(gid).obj.step_count == 0
+
+
+@pytest.mark.parametrize(("message", "name", "text"), [
+    ({"id": 3, "kind": "noSuchKind", "payload": {}}, "ProtocolError",
+     "unknown message kind 'noSuchKind' (known: ping, exec, load, runScript, compile"),
+    ({"id": 3, "kind": "step", "payload": {"graphId": 1}}, "ProtocolError",
+     "step: payload field(s) missing ['inputs']; expected {graphId, inputs}"),
+    ({"id": 3, "kind": "compile", "payload": {"model": "Tiny()", "loss": "tiny_loss",
+                                              "inputs": {}, "optimiser": "x"}},
+     "ProtocolError", ("compile: payload field(s) unknown ['optimiser']; expected {model, "
+                       "loss, inputs, optimizer?, seed?}")),
+    ({"id": 3, "kind": "exec", "payload": "print(1)"}, "ProtocolError",
+     "exec: the payload must be an object {source, filename?}, got str"),
+    ({"id": 3, "kind": "destroy", "payload": {"graphId": "one"}}, "ProtocolError",
+     "graphId must be a number, got 'one'"),
+    ({"id": 3, "kind": "setLR", "payload": {"graphId": 999, "lr": 0.1}}, "AbortError",
+     "graph 999 does not exist (destroyed?)"),
+    ({"id": 3, "kind": "compile", "payload": {"model": "Tiny()", "loss": "tiny_loss",
+                                              "inputs": {"x": [2, 3], "y": [2, 1]},
+                                              "optimizer": {"kind": "lamb", "lr": 0.1}}},
+     "ValueError", "unknown optimizer kind 'lamb' (known: ['adam', 'adamw', 'sgd'])"),
+])
+def test_bad_messages_are_answered_with_the_reason(session, message, name, text) -> None:
+    reply = asyncio.run(worker.dispatch(message, session))
+    assert reply["id"] == 3 and not reply["ok"]
+    assert reply["error"]["name"] == name
+    assert reply["error"]["message"].startswith(text), reply["error"]["message"]
+
+
+def test_a_message_that_is_not_an_object(session) -> None:
+    reply = asyncio.run(worker.dispatch(["exec", "1"], session))
+    assert reply == {"id": None, "ok": False, "error": reply["error"]}
+    assert reply["error"]["message"] == ("a message must be an object {id, kind, payload}, "
+                                         "got list")
+
+
+def test_step_on_a_destroyed_graph_is_aborted(session) -> None:
+    info = compile_tiny(session, {"kind": "adam", "lr": 0.01})
+    assert call(session, "destroy", {"graphId": info["graphId"]})["ok"]
+    reply = call(session, "step", {"graphId": info["graphId"], "inputs": {"x": X, "y": Y}})
+    assert reply["ok"] and reply["result"] == {"kind": "aborted"}
