@@ -239,3 +239,127 @@ export function inkStats(canvas) {
   }
   return { pixels: data.length / 4, nonBackground: ink, colors: colors.size };
 }
+
+/** The training-loss plot every demo shows: raw batch losses, and a smoothed trend once
+ *  there are 20 of them; log y unless `logY` is false. */
+export function lossPlot(canvas, ys, { title = "training loss (log scale)", logY = true } = {}) {
+  const xs = Array.from(ys, (_, i) => i + 1);
+  const many = ys.length >= 20;
+  linePlot(canvas, {
+    title, xLabel: "step", logY, empty: "no steps yet",
+    series: [{ xs, ys, color: many ? "#93c5fd" : COLORS.blue, width: many ? 1 : 2, label: "batch loss" },
+             ...(many ? [{ xs, ys: smooth(ys), color: COLORS.blue, width: 2, label: "smoothed" }] : [])],
+  });
+}
+
+/**
+ * A grid of grayscale images: `images` holds n·h·w values (0..1, or lo..hi), row-major.
+ * Options: cols, title, labels (one string under each image), lo, hi.
+ * canvas.dataset.images is set to the number drawn (tests read it).
+ */
+export function imageGrid(canvas, images, { n, h = 28, w = 28, cols = 8, title = "", labels,
+                                            lo = 0, hi = 1 } = {}) {
+  const { ctx, w: cw, h: ch } = fit(canvas);
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, cw, ch);
+  const count = n ?? Math.floor(images.length / (h * w));
+  const top = title ? 24 : 4, below = labels ? 16 : 4;
+  if (title) {
+    ctx.fillStyle = COLORS.ink;
+    ctx.font = "bold 13px system-ui, sans-serif";
+    ctx.textAlign = "left";
+    ctx.textBaseline = "top";
+    ctx.fillText(title, 6, 5);
+  }
+  canvas.dataset.images = String(count);
+  if (!count) return;
+  const rows = Math.ceil(count / cols);
+  const cell = Math.max(4, Math.floor(Math.min((cw - 8) / cols, (ch - top - 4) / rows - below)));
+  const tile = new OffscreenCanvas(w, h);
+  const tctx = tile.getContext("2d");
+  const img = tctx.createImageData(w, h);
+  ctx.imageSmoothingEnabled = false;
+  ctx.font = FONT;
+  ctx.textAlign = "center";
+  ctx.textBaseline = "top";
+  for (let k = 0; k < count; k++) {
+    for (let p = 0; p < h * w; p++) {
+      const v = Math.round(255 * (1 - Math.min(1, Math.max(0, (images[k * h * w + p] - lo) / (hi - lo)))));
+      img.data[4 * p] = img.data[4 * p + 1] = img.data[4 * p + 2] = v;
+      img.data[4 * p + 3] = 255;
+    }
+    tctx.putImageData(img, 0, 0);
+    const x = 4 + (k % cols) * (cell + 4), y = top + Math.floor(k / cols) * (cell + below + 2);
+    ctx.drawImage(tile, x, y, cell, cell);
+    ctx.strokeStyle = COLORS.grid;
+    ctx.strokeRect(x + 0.5, y + 0.5, cell - 1, cell - 1);
+    if (labels?.[k] !== undefined) {
+      ctx.fillStyle = COLORS.ink;
+      ctx.fillText(String(labels[k]), x + cell / 2, y + cell + 2);
+    }
+  }
+}
+
+/** An RGB image (`rgb`: h·w·3 values in 0..1) scaled to fit `canvas`, with a title. */
+export function rgbImage(canvas, rgb, { h, w, title = "" } = {}) {
+  const { ctx, w: cw, h: ch } = fit(canvas);
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, cw, ch);
+  const top = title ? 24 : 4;
+  if (title) {
+    ctx.fillStyle = COLORS.ink;
+    ctx.font = "bold 13px system-ui, sans-serif";
+    ctx.textAlign = "left";
+    ctx.textBaseline = "top";
+    ctx.fillText(title, 6, 5);
+  }
+  if (!rgb) return;
+  const tile = new OffscreenCanvas(w, h);
+  const tctx = tile.getContext("2d");
+  const img = tctx.createImageData(w, h);
+  for (let p = 0; p < h * w; p++) {
+    for (let c = 0; c < 3; c++) img.data[4 * p + c] = Math.round(255 * Math.min(1, Math.max(0, rgb[3 * p + c])));
+    img.data[4 * p + 3] = 255;
+  }
+  tctx.putImageData(img, 0, 0);
+  const side = Math.min(cw - 8, ch - top - 4);
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(tile, (cw - side) / 2, top, side, side);
+}
+
+/** Horizontal bars (`values` in 0..1) with `labels`; the largest in `highlight` colour. */
+export function barChart(canvas, values, { labels = [], title = "", color = COLORS.blue,
+                                           highlight = COLORS.orange } = {}) {
+  const { ctx, w, h } = fit(canvas);
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, w, h);
+  ctx.font = FONT;
+  const top = title ? 26 : 6;
+  if (title) {
+    ctx.fillStyle = COLORS.ink;
+    ctx.font = "bold 13px system-ui, sans-serif";
+    ctx.textAlign = "left";
+    ctx.textBaseline = "top";
+    ctx.fillText(title, 6, 6);
+    ctx.font = FONT;
+  }
+  canvas.dataset.bars = String(values?.length ?? 0);
+  if (!values?.length) return;
+  const best = values.indexOf(Math.max(...values));
+  const rowH = (h - top - 4) / values.length;
+  const left = 28, right = 52, bw = w - left - right;
+  ctx.textBaseline = "middle";
+  for (let i = 0; i < values.length; i++) {
+    const y = top + i * rowH;
+    ctx.fillStyle = COLORS.ink;
+    ctx.textAlign = "right";
+    ctx.fillText(String(labels[i] ?? i), left - 8, y + rowH / 2);
+    ctx.fillStyle = "#f3f4f6";
+    ctx.fillRect(left, y + 2, bw, rowH - 4);
+    ctx.fillStyle = i === best ? highlight : color;
+    ctx.fillRect(left, y + 2, Math.max(0, Math.min(1, values[i])) * bw, rowH - 4);
+    ctx.fillStyle = COLORS.ink;
+    ctx.textAlign = "left";
+    ctx.fillText(`${(100 * values[i]).toFixed(1)}%`, left + bw + 6, y + rowH / 2);
+  }
+}

@@ -117,11 +117,16 @@ def check_log_is_console(demo: DemoPage) -> list[str]:
     return lines
 
 
-def test_index_links_to_every_demo(web_url: str) -> None:
+ALL_DEMOS = ("mlp_sin", "addition_transformer", "makemore", "pokeformer", "digit_canvas",
+             "mnist_cnn", "flow_matching", "vae", "nerf", "kan", "cartpole", "tic_tac_toe")
+
+
+def test_index_links_to_all_twelve_demos_with_thumbnails(web_url: str) -> None:
     from .conftest import build
 
     html = urllib.request.urlopen(f"{web_url}demos/").read().decode()
-    assert {"mlp_sin", "addition_transformer"} <= set(build.demo_names())
+    assert set(ALL_DEMOS) == set(build.demo_names())
+    assert html.count('<svg class="thumb"') == 12
     for name in build.demo_names():
         assert f'href="{name}/"' in html
         page = urllib.request.urlopen(f"{web_url}demos/{name}/").read().decode()
@@ -129,6 +134,9 @@ def test_index_links_to_every_demo(web_url: str) -> None:
         assert "<canvas" in page and ("window.demo" in page or '<script type="py"' in page)
         main = urllib.request.urlopen(f"{web_url}demos/{name}/main.py").read().decode()
         assert "async def main()" in main
+    for name in ("mnist-train-images.u8", "mnist-test-labels.u8", "names.txt", "pokemon.txt"):
+        data = urllib.request.urlopen(f"{web_url}data/{name}").read()
+        assert len(data) > 1000, name
 
 
 def test_every_demo_has_a_browser_test() -> None:
@@ -136,9 +144,10 @@ def test_every_demo_has_a_browser_test() -> None:
     from .conftest import build
 
     tests = {name for name in [*globals(), *vars(test_pyscript)] if name.startswith("test_")}
-    untested = [d for d in build.demo_names() if not any(t.startswith(f"test_{d}_demo")
-                                                         for t in tests)]
-    assert not untested, f"demos without a test_<name>_demo... browser test: {untested}"
+    untested = [d for d in build.demo_names() if d not in NEW_DEMOS and not any(
+        t.startswith(f"test_{d}_demo") for t in tests)]
+    assert not untested, (f"demos without a test_<name>_demo... browser test or a NEW_DEMOS "
+                          f"entry: {untested}")
 
 
 def test_mlp_sin_demo_trains_and_plots(open_demo: Any, tmp_path: Path) -> None:
@@ -207,4 +216,78 @@ def test_addition_transformer_demo_trains_and_shows_predictions(open_demo: Any,
     assert shot.stat().st_size > 10_000
     assert px["loss"]["blue"] > 300, px  # the loss curve
     assert px["table"]["ink"] > 1000, px
+    assert not demo.errors, demo.errors
+
+
+# Each new demo: its URL parameters (a short run), the canvases that must show content, and
+# a check of its figures. The figures are printed (what `python build.py demo NAME` prints).
+NEW_DEMOS = {
+    "mnist_cnn": ("steps=30&every=30&eval=2000", ["loss", "acc", "digits"],
+                  lambda f: f["steps"] == 30 and 0.5 < f["test_acc"] <= 1 and f["test_digits"] == 2000),
+    "digit_canvas": ("steps=200&every=100&eval=2000", ["loss", "acc"],
+                     lambda f: f["steps"] == 200 and f["test_acc"] > 0.8),
+    "cartpole": ("steps=40&every=10", ["lengths", "pole", "loss"],
+                 lambda f: f["rollouts"] == 40 and f["mean_length"] >= 8),
+    "tic_tac_toe": ("steps=20&every=10&games=50", ["rates", "loss"],
+                    lambda f: f["games"] == 50 and f["steps"] == 20),
+    "kan": ("steps=150&every=50", ["loss", "fit", "layer1", "layer2"],
+            lambda f: f["steps"] == 150 and f["fit_mse"] < 0.05),
+    "nerf": ("steps=60&every=30", ["loss", "render", "target"],
+             lambda f: f["steps"] == 60 and f["image_mse"] < 0.05),
+    "vae": ("steps=20&every=10", ["loss", "originals", "recons", "samples"],
+            lambda f: f["steps"] == 20 and f["loss_avg10"] < 100),  # ~170 untrained
+    "flow_matching": ("steps=2&every=2&samples=1", ["loss", "samples"],
+                      lambda f: f["steps"] == 2 and f["euler_steps"] == 25),
+    "makemore": ("steps=20&every=10&samples=6&val=256", ["loss", "val"],
+                 lambda f: f["steps"] == 20 and f["val_loss"] < 3.4 and f["unigram_loss"] > 2),
+    "pokeformer": ("steps=20&every=10&samples=6", ["loss", "val"],
+                   lambda f: f["steps"] == 20 and f["val_loss"] < 3.4 and f["unigram_loss"] > 2),
+}
+
+
+@pytest.mark.parametrize("name", list(NEW_DEMOS))
+def test_demo_trains_in_the_worker_and_draws(name: str, open_demo: Any, tmp_path: Path) -> None:
+    query, canvases, check = NEW_DEMOS[name]
+    demo = open_demo(name, f"?autostart=1&seed=1&{query}")
+    demo.page.wait_for_function("window.tgDemo && window.tgDemo.done", timeout=900_000)
+    figures = demo.wait_done()
+    print(f"\n{name} demo (browser): {figures}")
+    assert check(figures), figures
+    assert figures["kernels"] > 0 and figures["params"] > 0, figures
+    lines = check_log_is_console(demo)
+    assert int(demo.text("s-step")) == figures["steps"]
+    assert int(demo.page.evaluate("document.getElementById('loss').dataset.points")) >= \
+        figures["steps"]
+    shot = tmp_path / f"{name}.png"
+    px = demo.screenshot_pixels(shot, canvases, {"blue": LOSS_BLUE})
+    print(f"screenshot {shot}: {px}")
+    for canvas in canvases:
+        assert px[canvas]["ink"] > 0.02 * px[canvas]["pixels"], (canvas, px)
+    assert px["loss"]["blue"] > 50, px
+    assert not demo.errors, demo.errors
+    assert lines[-1].startswith("done: ") or any(line.startswith("done: ") for line in lines)
+
+
+def test_digit_canvas_draws_predicts_swaps_and_saves(open_demo: Any) -> None:
+    demo = open_demo("digit_canvas", "?autostart=1&seed=1&steps=100&every=100&eval=500")
+    demo.wait_done()
+    box = demo.page.locator("#pad").bounding_box()
+    demo.page.mouse.move(box["x"] + 140, box["y"] + 40)
+    demo.page.mouse.down()
+    for k in range(1, 21):  # a vertical stroke: a "1"
+        demo.page.mouse.move(box["x"] + 140, box["y"] + 40 + 10 * k)
+    demo.page.mouse.up()
+    demo.page.wait_for_function("window.tgDigits.predictions() > 0", timeout=WAIT_MS)
+    probs = demo.page.evaluate("window.tgDigits.probs()")
+    assert len(probs) == 10 and abs(sum(probs) - 1) < 1e-3, probs
+    demo.page.click("#save")
+    demo.page.wait_for_function("document.getElementById('saved').textContent.startsWith('saved H=128')",
+                                timeout=WAIT_MS)
+    demo.page.select_option("#hidden", "64")
+    demo.page.wait_for_function("document.getElementById('s-params').textContent === '50,890'",
+                                timeout=WAIT_MS)
+    demo.page.click("#load")
+    demo.page.wait_for_function("document.getElementById('saved').textContent.startsWith('loaded H=128')",
+                                timeout=WAIT_MS)
+    assert demo.page.evaluate("document.getElementById('hidden').value") == "128"
     assert not demo.errors, demo.errors
