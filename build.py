@@ -344,7 +344,22 @@ class _WebHandler(http.server.SimpleHTTPRequestHandler):
             self.send_response(204)
             self.end_headers()
             return None
+        if not self._inside_root():
+            self.send_error(404, "File not found")
+            return None
         return super().send_head()
+
+    def _inside_root(self) -> bool:
+        """Only files under the served folder: the resolved path (symlinks followed) must lie
+        inside it, whatever the request's '..' or %-encoded forms; a folder only with an
+        index.html (no listings)."""
+        root = os.path.realpath(self.directory)
+        path = os.path.realpath(self.translate_path(self.path))
+        if path != root and not path.startswith(root + os.sep):
+            return False
+        if os.path.isdir(path):
+            return os.path.isfile(os.path.join(path, "index.html"))
+        return True
 
     def log_message(self, format: str, *args: object) -> None:
         if not self.quiet:

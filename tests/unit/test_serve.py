@@ -1,0 +1,69 @@
+"""`build.py serve` serves only files under its folder, on 127.0.0.1 only: '..' in any
+spelling, symlinks out of the tree and folder listings are 404s."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+import build  # noqa: E402 - the repository's build.py
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, int, Path]]:
+    site, outside = tmp_path / "site", tmp_path / "outside"
+    (site / "app").mkdir(parents=True)
+    (site / "raw").mkdir()
+    outside.mkdir()
+    (site / "ok.txt").write_text("served")
+    (site / "app" / "index.html").write_text("<p>app</p>")
+    (site / "raw" / "data.txt").write_text("listed?")
+    (outside / "secret.txt").write_text("secret")
+    os.symlink(outside, site / "link")
+    os.symlink(outside / "secret.txt", site / "secret.txt")
+    server = build.serve_web(0, directory=site, quiet=True)
+    host, port = server.server_address[:2]
+    yield host, port, site
+    server.shutdown()
+
+
+def get(host: str, port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.putrequest("GET", path, skip_accept_encoding=True)  # the raw path, not normalised
+    conn.endheaders()
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    return response.status, body
+
+
+def test_binds_loopback_only(served) -> None:
+    host, _, _ = served
+    assert host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("path", [
+    "/../outside/secret.txt", "/%2e%2e/outside/secret.txt", "/..%2foutside%2fsecret.txt",
+    "/app/../../outside/secret.txt", "/%2E%2E%2F%2E%2E%2Fetc%2Fpasswd", "/....//secret.txt",
+    "/link/secret.txt", "/secret.txt", "/raw/", "/nothing-here.txt",
+])
+def test_paths_outside_the_tree_are_404(served, path: str) -> None:
+    host, port, _ = served
+    status, body = get(host, port, path)
+    assert status == 404, (path, status, body[:80])
+    assert b"secret" not in body
+
+
+def test_files_and_pages_inside_are_served(served) -> None:
+    host, port, _ = served
+    assert get(host, port, "/ok.txt") == (200, b"served")
+    status, body = get(host, port, "/app/")
+    assert status == 200 and b"app" in body
+    assert get(host, port, "/raw/data.txt")[0] == 200  # files in a folder without a listing
