@@ -10,6 +10,7 @@ count. ``ffi_calls`` counts every crossing the adapter makes, for tests and benc
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -87,6 +88,7 @@ class BrowserDevice:
         self.info = info
         self.description = description
         self.ffi_calls = 0  # every Python→JS crossing this adapter made
+        self.counts: Counter[str] = Counter()
         self._unchecked: list[tuple[Any, str, str]] = []  # kernels validated at next execute
 
     # -- FFI, counted ------------------------------------------------------------------------
@@ -121,7 +123,9 @@ class BrowserDevice:
     # -- GPUDevice ---------------------------------------------------------------------------
     def create_buffer(self, size: int, label: str = "") -> BufferHandle:
         """A zero-initialised storage buffer of `size` bytes."""
-        return self._call("createBuffer", int(size), label)
+        buffer = self._call("createBuffer", int(size), label)
+        self.counts["buffers created"] += 1
+        return buffer
 
     def write_buffer(self, buffer: BufferHandle, data: Any, offset: int = 0) -> None:
         """Copy host bytes into `buffer` at `offset`."""
@@ -130,6 +134,7 @@ class BrowserDevice:
     def destroy_buffer(self, buffer: BufferHandle) -> None:
         self.ffi_calls += 1
         buffer.destroy()
+        self.counts["buffers destroyed"] += 1
 
     def create_kernel(self, wgsl: str, label: str) -> BrowserKernel:
         """Compile `wgsl` into a compute pipeline; raises ShaderCompileError on any error.
@@ -141,6 +146,7 @@ class BrowserDevice:
         made = self._call("createKernel", wgsl, label)
         self.ffi_calls += 2  # the two attribute reads below
         kernel, check = BrowserKernel(made.pipeline, label), made.check
+        self.counts["pipelines created"] += 1
         if can_run_sync():
             self.ffi_calls += 1
             _raise_if_errors(run_sync(check), wgsl, label)
@@ -165,6 +171,7 @@ class BrowserDevice:
                 plain.append(["c", s.src, int(s.src_offset), s.dst, int(s.dst_offset), int(s.size)])
         plan = self._call("createProgram", self._to_js(plain), int(chunk_size))
         dispatches = sum(isinstance(s, Dispatch) for s in steps)
+        self.counts["programs created"] += 1
         chunks = 1 if chunk_size <= 0 else max(1, -(-dispatches // chunk_size))
         return BrowserProgram(plan, dispatches, chunks)
 

@@ -9,6 +9,7 @@ time, so a browser adapter can encode the whole step with a constant number of F
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -88,6 +89,9 @@ class GPUDevice(Protocol):
     limits: DeviceLimits
     info: AdapterInfo
     description: str  # adapter vendor / architecture, for logs and benchmarks
+    # What the device made and freed through this interface, for leak checks: "buffers
+    # created", "buffers destroyed", "pipelines created", "programs created".
+    counts: Counter[str]
 
     @property
     def lost(self) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -134,6 +134,7 @@ class NativeDevice:
         self._map_read = wgpu.MapMode.READ
         self._staging: dict[int, list[Any]] = {}
         self._destroyed = False
+        self.counts: Counter[str] = Counter()
         # How to learn that a submission is done, set by _probe_work_done (see there):
         # "native-poll", "queue" or "fence".
         self.wait_mode = "queue"
@@ -223,7 +224,9 @@ class NativeDevice:
         if size > self.limits.max_buffer_size:
             raise ValueError(f"buffer '{label}' of {size} bytes exceeds maxBufferSize "
                              f"{self.limits.max_buffer_size}")
-        return self.device.create_buffer(size=size, usage=self._storage_usage, label=label)
+        buffer = self.device.create_buffer(size=size, usage=self._storage_usage, label=label)
+        self.counts["buffers created"] += 1
+        return buffer
 
     def write_buffer(self, buffer: Any, data: Any, offset: int = 0) -> None:
         """Copy host bytes into `buffer` at `offset` (a multiple of 4). Data whose length is
@@ -238,6 +241,7 @@ class NativeDevice:
 
     def destroy_buffer(self, buffer: Any) -> None:
         buffer.destroy()
+        self.counts["buffers destroyed"] += 1
 
     # -- kernels and programs
 
@@ -256,6 +260,7 @@ class NativeDevice:
                 label=label, layout="auto", compute={"module": module, "entry_point": "main"})
         except Exception as err:
             raise ShaderCompileError(label, wgsl, [_error_text(err)]) from err
+        self.counts["pipelines created"] += 1
         return NativeKernel(pipeline, label, wgsl)
 
     @staticmethod
@@ -317,6 +322,7 @@ class NativeDevice:
             else:
                 raise TypeError(f"program step must be Dispatch or Copy, not {type(step)}")
         chunks = [c for c in chunks if c]
+        self.counts["programs created"] += 1
         return NativeProgram(chunks, chunk_size, n_dispatches, labels)
 
     def _bind_group(self, kernel: NativeKernel, buffers: Sequence[Any], label: str) -> Any:

@@ -1,0 +1,92 @@
+"""Compile / step / destroy cycles, counting what the device made and freed: the soak run of
+tests/native/test_soak.py, tests/browser/test_soak.py (exec'd in the worker: no NumPy, no
+pytest here) and bench/soak.py."""
+
+from __future__ import annotations
+
+import array
+import gc
+import sys
+import time
+from typing import Any
+
+import tensorgrad as tg
+
+
+class SoakMLP(tg.Module):
+    def __init__(self) -> None:
+        self.l1 = tg.Linear(4, 16)
+        self.l2 = tg.Linear(16, 1)
+
+    def forward(self, x: tg.Tensor) -> tg.Tensor:
+        return self.l2(tg.relu(self.l1(x)))
+
+
+def soak_loss(m: SoakMLP, x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+    return tg.mean(tg.square(m(x) - y))
+
+
+def memory_bytes() -> int:
+    """This process's resident memory (natively) or the worker's WebAssembly heap plus the JS
+    heap (in Pyodide)."""
+    if sys.platform == "emscripten":
+        import js
+        import pyodide_js
+
+        heap = int(pyodide_js._module.HEAPU8.length)
+        memory = getattr(js.performance, "memory", None)
+        return heap + (int(memory.usedJSHeapSize) if memory is not None else 0)
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    import resource
+
+    return pages * resource.getpagesize()
+
+
+def live_buffers(device: Any) -> int:
+    return device.counts["buffers created"] - device.counts["buffers destroyed"]
+
+
+async def soak(device: Any, cycles: int, warmup: int = 10) -> dict[str, Any]:
+    """`cycles` of compile → attach → step → run → destroy; the counts and memory figures.
+
+    After every destroy the device's live buffers must be back where they were before the
+    cycle, and after the warm-up no new pipeline may be compiled (the same kernels are
+    cached): both are checked here and raise AssertionError naming the cycle."""
+    x = array.array("f", [0.1 * k for k in range(32)])
+    y = array.array("f", [1.0, -1.0, 0.5, 0.0, 2.0, -0.5, 0.25, 1.5])
+    baseline = live_buffers(device)
+    pipelines = device.counts["pipelines created"]
+    created0 = device.counts["buffers created"]
+    memory: dict[str, int] = {}
+    t0 = time.perf_counter()
+    for cycle in range(cycles):
+        train = await tg.compile(model=SoakMLP(), loss=soak_loss,
+                                 inputs={"x": (8, 4), "y": (8, 1)},
+                                 optimizer=tg.optim.Adam(lr=1e-2), device=device, seed=cycle)
+        forward = await train.attach(forward=lambda m, x: m(x), inputs={"x": (None, 4)})
+        step = await train.step(x=x, y=y)
+        assert step.kind == "completed", f"cycle {cycle}: {step}"
+        run = await forward.run(x=x[:8])
+        assert run.kind == "completed", f"cycle {cycle}: {run}"
+        train.destroy()
+        live = live_buffers(device)
+        assert live == baseline, f"cycle {cycle}: {live - baseline} GPU buffers leaked"
+        if cycle + 1 == warmup:
+            gc.collect()
+            pipelines = device.counts["pipelines created"]
+            memory["after_warmup"] = memory_bytes()
+        elif cycle >= warmup:
+            assert device.counts["pipelines created"] == pipelines, \
+                f"cycle {cycle}: a pipeline was compiled again (the cache should hold it)"
+    gc.collect()
+    memory["end"] = memory_bytes()
+    return {
+        "cycles": cycles, "seconds": time.perf_counter() - t0,
+        "buffers_created": device.counts["buffers created"] - created0,
+        "buffers_live_delta": live_buffers(device) - baseline,
+        "pipelines_created": device.counts["pipelines created"],
+        "programs_created": device.counts["programs created"],
+        "memory_after_warmup": memory.get("after_warmup", 0), "memory_end": memory["end"],
+        "memory_growth": memory["end"] - memory.get("after_warmup", memory["end"]),
+    }
