@@ -13,6 +13,7 @@ from .errors import (
                      DeviceLimitError,
                      DeviceLostError,
                      PlanError,
+                     ProtocolError,
                      RemoteError,
                      ShaderCompileError,
                      ShapeError,
@@ -27,8 +28,7 @@ from .ops.registry import PUBLIC as _PUBLIC
 from .results import Aborted, Captures, Completed, Failed, Result
 from .safetensors import load_safetensors, save_safetensors
 from .tensor import Tensor
-
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
     "AbortError", "Aborted", "Captures", "Completed", "Conv2d", "DeviceLimitError",

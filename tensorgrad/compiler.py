@@ -36,6 +36,7 @@ __all__ = ["STAGES", "Compilation", "Options", "Request", "Stage", "compile_grap
            "trace_forward"]
 
 Kind = Literal["training", "forward"]
+VIEW_OPS = frozenset(name for name, op in OPS.items() if op.alias)
 
 
 @dataclass(frozen=True)
@@ -174,11 +175,13 @@ def _optimizer(c: Compilation, o: Options) -> None:
 
 
 def _plan(c: Compilation, o: Options) -> None:
-    c.plan = plan_buffers(c.graph, grads=c.grads, writebacks=c.writebacks, limits=o.limits)
+    c.plan = plan_buffers(c.graph, grads=c.grads, writebacks=c.writebacks, limits=o.limits,
+                          view_ops=VIEW_OPS)
 
 
 def _emit(c: Compilation, o: Options) -> None:
-    c.kernels = emit_graph(c.graph, o.target or Target(limits=o.limits), OPS)
+    views = frozenset(c.plan.views) if c.plan is not None else frozenset()
+    c.kernels = emit_graph(c.graph, o.target or Target(limits=o.limits), OPS, views)
 
 
 def _build(c: Compilation, o: Options) -> None:

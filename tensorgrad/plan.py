@@ -62,7 +62,7 @@ class BufferPlan:
     """Buffers, the buffer of each node, the named buffers and the writeback copies.
 
     `peak_bytes` is the memory of all buffers together (they all live for the runtime);
-    `unpooled_bytes` is what one buffer per node would take."""
+    `unpooled_bytes` is what one buffer per node (views aside) would take."""
 
     buffers: list[BufferSpec]
     node_buffer: list[int]
@@ -73,6 +73,7 @@ class BufferPlan:
     outputs: list[int] = field(default_factory=list)
     captures: dict[str, int] = field(default_factory=dict)
     writebacks: list[ResolvedWriteback] = field(default_factory=list)
+    views: dict[int, int] = field(default_factory=dict)  # view node -> the node it reads
     peak_bytes: int = 0
     unpooled_bytes: int = 0
 
@@ -81,8 +82,9 @@ class BufferPlan:
         return (*(self.node_buffer[i] for i in node.inputs), self.node_buffer[node.id])
 
     def __str__(self) -> str:
-        head = (f"buffer plan: {len(self.buffers)} buffers for {len(self.node_buffer)} nodes, "
-                f"{_mib(self.peak_bytes)} (without reuse {_mib(self.unpooled_bytes)})")
+        head = (f"buffer plan: {len(self.buffers)} buffers for {len(self.node_buffer)} nodes "
+                f"({len(self.views)} views), {_mib(self.peak_bytes)} (without reuse "
+                f"{_mib(self.unpooled_bytes)})")
         lines = [head]
         for b in self.buffers:
             what = f"'{b.name}'" if b.name else f"{b.dtype}{list(b.shape)}"
@@ -133,12 +135,35 @@ def _last_use(graph: Graph) -> list[int]:
     return last
 
 
+def _view_roots(graph: Graph, view_ops: frozenset[str], special: set[int]) -> dict[int, int]:
+    """{view node: the node whose buffer it reads}: the nodes of a view op (reshape) that
+    need no buffer of their own, mapped through chains of views to their root."""
+    root: dict[int, int] = {}
+    for node in graph.nodes:
+        if node.op in view_ops and node.id not in special and node.inputs:
+            src = node.inputs[0]
+            root[node.id] = root.get(src, src)
+    return root
+
+
+def _extend_lifetimes(last: list[int], roots: Mapping[int, int]) -> list[int]:
+    """Last uses where a root lives as long as its views are read."""
+    last = list(last)
+    for view, root in roots.items():
+        last[root] = max(last[root], last[view])
+    return last
+
+
 def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
                  writebacks: Iterable[Sequence] = (),
-                 limits: DeviceLimits | None = None, reuse: bool = True) -> BufferPlan:
+                 limits: DeviceLimits | None = None, reuse: bool = True,
+                 view_ops: Iterable[str] = ()) -> BufferPlan:
     """Plan the buffers of `graph`. `grads` maps param names to gradient node ids;
     `writebacks` holds ``(source node id, dest leaf name, 'param' | 'state')``.
-    `reuse=False` gives every intermediate its own buffer (for debugging and tests)."""
+    `reuse=False` gives every intermediate its own buffer (for debugging and tests).
+    Nodes of `view_ops` (ops whose output is input 0's bytes, such as reshape) share their
+    input's buffer and run no kernel, unless they need a buffer of their own (a gradient,
+    an output, a capture, a writeback source): the plan's `views`."""
     grads = dict(grads or {})
     writebacks = [tuple(wb) for wb in writebacks]
     check_limits(graph, limits or DeviceLimits())
@@ -154,7 +179,9 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
     output_ids = set(graph.outputs)
     capture_of = {nid: name for name, nid in graph.captures.items()}
     sources = {wb[0] for wb in writebacks}
-    last = _last_use(graph)
+    special = {*grad_of, *output_ids, *capture_of, *sources}
+    roots = _view_roots(graph, frozenset(view_ops), special)
+    last = _extend_lifetimes(_last_use(graph), roots)
 
     sizes: list[int] = []
     kinds: list[str] = []
@@ -185,6 +212,9 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
 
     for node in graph.nodes:
         need = max(4, node.nbytes)
+        if node.id in roots:  # a view: its root's buffer, which lives as long as the view
+            node_buffer[node.id] = node_buffer[roots[node.id]]
+            continue
         if node.op in LEAF_OPS:
             buf = new_buffer(_LEAF_KIND[node.op], node.attrs["name"], False)
         elif node.id in grad_of:
@@ -202,7 +232,7 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
         occupants[buf].append(node.id)
         node_buffer[node.id] = buf
         # Release after allocating, so the output never shares a buffer with an input.
-        for i in dict.fromkeys(node.inputs):
+        for i in dict.fromkeys(roots.get(i, i) for i in node.inputs):
             if pooled[node_buffer[i]] and last[i] == node.id:
                 free.append(node_buffer[i])
         if pooled[buf] and last[node.id] < 0:
@@ -221,8 +251,9 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
         param_grads={n: node_buffer[g] for n, g in grads.items()},
         outputs=[node_buffer[i] for i in graph.outputs],
         captures={n: node_buffer[i] for n, i in graph.captures.items()},
+        views=roots,
         peak_bytes=sum(sizes),
-        unpooled_bytes=sum(max(4, n.nbytes) for n in graph.nodes))
+        unpooled_bytes=sum(max(4, n.nbytes) for n in graph.nodes if n.id not in roots))
     plan.writebacks = [_resolve_writeback(graph, plan, wb) for wb in writebacks]
     check_plan(graph, plan)
     return plan
@@ -250,9 +281,10 @@ def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple) -> ResolvedWri
 
 
 def check_plan(graph: Graph, plan: BufferPlan) -> None:
-    """Self-check: occupants of one buffer never overlap in time, no kernel binds its output
-    buffer as an input, and every buffer is large enough for its occupants."""
-    last = _last_use(graph)
+    """Self-check: occupants of one buffer never overlap in time (a root living as long as
+    its views), no kernel binds its output buffer as an input, and every buffer is large
+    enough for its occupants."""
+    last = _extend_lifetimes(_last_use(graph), plan.views)
     for buf in plan.buffers:
         occ = sorted(buf.nodes)
         if len(occ) > 1 and not buf.pooled:
@@ -266,7 +298,7 @@ def check_plan(graph: Graph, plan: BufferPlan) -> None:
             if max(4, graph[i].nbytes) > buf.size:
                 raise PlanError(f"buffer #{buf.id} ({buf.size} B) is too small for %{i}")
     for node in graph.nodes:
-        if node.op in LEAF_OPS:
+        if node.op in LEAF_OPS or node.id in plan.views:
             continue
         out = plan.node_buffer[node.id]
         if any(plan.node_buffer[i] == out for i in node.inputs):

@@ -76,9 +76,12 @@ def emit_node(graph: Graph, node: Node, target: Target, ops: Mapping[str, HasEmi
     return Kernel(kernel.wgsl, kernel.threads, kernel.workgroup_size, node.describe())
 
 
-def emit_graph(graph: Graph, target: Target, ops: Mapping[str, HasEmitter]) -> list[Kernel]:
-    """One kernel per node, in graph order. TENSORGRAD_DUMP_WGSL=1 prints each kernel."""
-    kernels = [emit_node(graph, n, target, ops) for n in graph.nodes]
+def emit_graph(graph: Graph, target: Target, ops: Mapping[str, HasEmitter],
+               views: frozenset[int] = frozenset()) -> list[Kernel]:
+    """One kernel per node, in graph order; `views` (nodes the buffer plan made views of
+    their input) and leaves get an empty one. TENSORGRAD_DUMP_WGSL=1 prints each kernel."""
+    kernels = [Kernel("", 0, label=n.describe()) if n.id in views else
+               emit_node(graph, n, target, ops) for n in graph.nodes]
     if os.environ.get("TENSORGRAD_DUMP_WGSL"):
         for k in kernels:
             if k.wgsl:

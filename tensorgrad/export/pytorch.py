@@ -1965,7 +1965,7 @@ def _export(root: Module, forward: Callable[..., Tensor] | None, inputs: Mapping
 
 def _header(root: Module, root_name: str, an: _Analysis, writer: _Writer,
             decls: Mapping[str, Any], path: Any) -> str:
-    from .. import __version__
+    from ..version import __version__
 
     stem = Path(path).stem if path is not None else "exported_model"
     title = (f'"""PyTorch port of {type(root).__name__}, written by tensorgrad {__version__} '
@@ -1986,9 +1986,9 @@ def _header(root: Module, root_name: str, an: _Analysis, writer: _Writer,
 
 
 def _weights(specs: Mapping[str, Any], values: Mapping[str, Any], class_name: str) -> bytes:
-    from .. import __version__
     from ..hostdata import to_bytes
     from ..safetensors import save_safetensors
+    from ..version import __version__
 
     missing = [n for n in specs if n not in values]
     if missing:

@@ -44,6 +44,10 @@ class OpDef:
     doc: str = ""
     expr: ExprFn | None = None
     prelude: str = ""  # WGSL helper functions the expr needs
+    # The output is input 0's bytes as they are (a reshape): the planner gives it input 0's
+    # buffer and no kernel runs, unless the output must have a buffer of its own (a gradient,
+    # an output, a capture), where `emit` copies.
+    alias: bool = False
 
 
 OPS: dict[str, OpDef] = {}
@@ -52,7 +56,7 @@ PUBLIC: dict[str, Callable[..., Any]] = {}
 
 def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
            emit: EmitFn | None = None, doc: str = "", expr: ExprFn | None = None,
-           prelude: str = "") -> OpDef:
+           prelude: str = "", alias: bool = False) -> OpDef:
     """Add a primitive to the op table (each name once). An elementwise op gives `expr`
     instead of `emit`: its kernel is derived, and the fusion pass can inline it."""
     if name in OPS:
@@ -60,7 +64,7 @@ def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
     if emit is None and expr is not None:
         def emit(ctx: EmitContext) -> Kernel:
             return elementwise(ctx, expr(ctx.node), prelude=prelude)
-    op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude)
+    op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude, alias)
     OPS[name] = op
     return op
 

@@ -69,8 +69,9 @@ def _infer_reshape(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape
 define("reshape", infer=_infer_reshape,
        ref=lambda args, node: args[0].reshape(node.shape).copy(),
        vjp=lambda ins, out, dy, at: [reshape(dy, ins[0].shape)],
-       emit=lambda ctx: w.thread_kernel(ctx, "  out[i] = in0[i];"),
-       doc="Same elements in row-major order, new shape (a copy, never a view).")
+       emit=lambda ctx: w.thread_kernel(ctx, "  out[i] = in0[i];"), alias=True,
+       doc="Same elements in row-major order, new shape (a view of the input's buffer; a "
+           "copy only where the result needs a buffer of its own).")
 
 
 @public

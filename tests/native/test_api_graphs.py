@@ -365,8 +365,8 @@ def test_plan_limits_name_the_tensor() -> None:
 def test_shader_compile_error_names_the_op(gpu_device, monkeypatch) -> None:
     real = compiler.emit_graph
 
-    def broken(graph, target, ops):
-        kernels = real(graph, target, ops)
+    def broken(graph, target, ops, views=frozenset()):
+        kernels = real(graph, target, ops, views)
         i = next(n.id for n in graph.nodes if n.op == "matmul")
         k = kernels[i]
         kernels[i] = type(k)(k.wgsl.replace("fn main", "fn main_oops_broken_("), k.threads,
@@ -413,8 +413,8 @@ def test_failed_compile_frees_its_buffers(gpu_device, monkeypatch) -> None:
     monkeypatch.setattr(gpu_device, "destroy_buffer", destroy)
     real_emit = compiler.emit_graph
 
-    def broken(graph, target, ops):
-        kernels = real_emit(graph, target, ops)
+    def broken(graph, target, ops, views=frozenset()):
+        kernels = real_emit(graph, target, ops, views)
         i = next(n.id for n in graph.nodes if n.op == "matmul")
         kernels[i] = type(kernels[i])("fn main( {", kernels[i].threads, 256, "matmul")
         return kernels

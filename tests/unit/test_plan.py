@@ -76,6 +76,8 @@ def simulate(graph: Graph, plan: BufferPlan, feeds: dict) -> dict[int, np.ndarra
             write(node.id, feeds[name] if name in feeds else
                   np.full(node.shape, node.attrs.get("init", 0.0)))
             continue
+        if node.id in plan.views:
+            continue  # no kernel runs: the view reads its root's buffer
         args = [view(i).astype(bool) if graph[i].dtype == "bool" else view(i).copy()
                 for i in node.inputs]
         write(node.id, OPS[node.op].ref(args, node))
@@ -97,6 +99,38 @@ def test_simulated_execution_with_reuse_matches_evaluate() -> None:
     for name, gid in grads.items():  # gradients are dedicated buffers too
         buf = plan.buffers[plan.param_grads[name]]
         assert buf.kind == "param_grad" and buf.nodes == (gid,)
+
+
+VIEWS = frozenset({"reshape"})
+
+
+def test_reshapes_are_views_of_their_input_unless_they_need_their_own_buffer() -> None:
+    with tracing() as st:
+        x = leaf("input", "x", (4, 6))
+        w = leaf("param", "w", (6, 6))
+        h = tg.tanh(tg.matmul(x, w))
+        flat = tg.reshape(tg.reshape(h, (24,)), (2, 12))     # a chain of two views
+        other = tg.tanh(tg.matmul(x, w) * 2.0)                 # allocated while flat lives
+        kept = tg.reshape(other, (24,))                         # captured: its own buffer
+        loss = tg.mean(tg.reshape(flat, (24,)) * kept)
+    graph = st.graph
+    graph.outputs = [loss.id]
+    graph.captures["kept"] = kept.id
+    grads = append_grad(graph, loss.id)
+    plan = plan_buffers(graph, grads=grads, view_ops=VIEWS)
+    check_plan(graph, plan)
+    reshapes = [n.id for n in graph.nodes if n.op == "reshape"]
+    assert kept.id not in plan.views and set(plan.views) == set(reshapes) - {kept.id}
+    root = plan.views[flat.id]
+    assert root == h.id and plan.node_buffer[flat.id] == plan.node_buffer[h.id]
+    assert plan.node_buffer[other.id] != plan.node_buffer[h.id]  # h lives while flat does
+    feeds = feeds_for(graph)
+    want = evaluate(graph, feeds)
+    got = simulate(graph, plan, feeds)
+    np.testing.assert_allclose(got[loss.id], want[loss.id], rtol=1e-6)
+    np.testing.assert_allclose(got[kept.id], want[kept.id], rtol=1e-6)
+    without = plan_buffers(graph, grads=grads)
+    assert not without.views and plan.peak_bytes <= without.peak_bytes
 
 
 def test_no_overlap_and_no_kernel_reads_its_output() -> None:
