@@ -78,7 +78,8 @@ export function createKernel(state, wgsl, label) {
   return { pipeline, check };
 }
 
-// steps: ["d", pipeline, [buffers], x, y, z, label] | ["c", src, srcOffset, dst, dstOffset, size]
+// steps: ["d", pipeline, [[buffer, offset, size], ...], x, y, z, label] (size 0: the rest of
+// the buffer) | ["c", src, srcOffset, dst, dstOffset, size]
 export function createProgram(state, steps, chunkSize) {
   const device = state.device;
   device.pushErrorScope("validation");
@@ -90,7 +91,8 @@ export function createProgram(state, steps, chunkSize) {
       const [, pipeline, buffers, x, y, z, label] = s;
       const bindGroup = device.createBindGroup({
         layout: pipeline.getBindGroupLayout(0), label,
-        entries: buffers.map((buffer, binding) => ({ binding, resource: { buffer } })),
+        entries: buffers.map(([buffer, offset, size], binding) => ({
+          binding, resource: size ? { buffer, offset, size } : { buffer, offset } })),
       });
       chunks[chunks.length - 1].push({ pipeline, bindGroup, x, y, z, label });
       passes += 1;
@@ -125,16 +127,17 @@ function takeStaging(state, size) {
     usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
 }
 
-// Copy the reads into one staging buffer; returns [staging, total] (null when no reads).
+// Copy the reads ([buffer, offset, nbytes] flat) into one staging buffer; returns
+// [staging, total] (null when no reads).
 function encodeReads(state, encoder, reads) {
   let total = 0;
-  for (let i = 0; i < reads.length; i += 2) total += align4(reads[i + 1]);
+  for (let i = 0; i < reads.length; i += 3) total += align4(reads[i + 2]);
   if (total === 0) return null;
   const staging = takeStaging(state, total);
   let offset = 0;
-  for (let i = 0; i < reads.length; i += 2) {
-    const size = align4(reads[i + 1]);
-    encoder.copyBufferToBuffer(reads[i], 0, staging, offset, size);
+  for (let i = 0; i < reads.length; i += 3) {
+    const size = align4(reads[i + 2]);
+    encoder.copyBufferToBuffer(reads[i], reads[i + 1], staging, offset, size);
     offset += size;
   }
   return [staging, total];
@@ -156,20 +159,20 @@ function checkErrors(errors, what) {
   if (messages.length) throw new Error(`WebGPU validation failed in ${what}:\n` + messages.join("\n"));
 }
 
-// args: [writeBuffers, writeSizes, blob (Uint8Array), readBuffers-and-sizes (flat)]
+// args: [writeBuffers, writeOffsets, writeSizes, blob (Uint8Array), reads (flat triples)]
 export async function execute(state, program, args) {
   if (state.lost) throw lostError(state);
   if (!program.checked) {
     checkErrors([await program.error], "create_program");
     program.checked = true;
   }
-  const [writeBuffers, writeSizes, blob, reads] = args;
+  const [writeBuffers, writeOffsets, writeSizes, blob, reads] = args;
   const device = state.device, queue = device.queue;
   const scopes = [];
   device.pushErrorScope("validation");
   let offset = 0;
   for (let i = 0; i < writeBuffers.length; i++) {
-    queue.writeBuffer(writeBuffers[i], 0, blob, offset, writeSizes[i]);
+    queue.writeBuffer(writeBuffers[i], writeOffsets[i], blob, offset, writeSizes[i]);
     offset += writeSizes[i];
   }
   scopes.push(device.popErrorScope());

@@ -25,6 +25,7 @@ from .interface import (
     DeviceLimits,
     Dispatch,
     WebGPUSupport,
+    split_slice,
 )
 
 __all__ = ["BrowserDevice", "BrowserProgram", "probe_browser", "request_browser_device"]
@@ -128,8 +129,9 @@ class BrowserDevice:
         return buffer
 
     def write_buffer(self, buffer: BufferHandle, data: Any, offset: int = 0) -> None:
-        """Copy host bytes into `buffer` at `offset`."""
-        self._call("writeBuffer", buffer, int(offset), self._to_js(_bytes_view(data)))
+        """Copy host bytes into `buffer` (or a slice) at `offset`."""
+        buffer, base, _ = split_slice(buffer)
+        self._call("writeBuffer", buffer, int(base + offset), self._to_js(_bytes_view(data)))
 
     def destroy_buffer(self, buffer: BufferHandle) -> None:
         self.ffi_calls += 1
@@ -166,7 +168,8 @@ class BrowserDevice:
         for s in steps:
             if isinstance(s, Dispatch):
                 wg = tuple(int(n) for n in s.workgroups) + (1, 1, 1)
-                plain.append(["d", s.kernel.pipeline, list(s.buffers), *wg[:3], s.label])
+                binds = [[h, off, size or 0] for h, off, size in map(split_slice, s.buffers)]
+                plain.append(["d", s.kernel.pipeline, binds, *wg[:3], s.label])
             else:
                 plain.append(["c", s.src, int(s.src_offset), s.dst, int(s.dst_offset), int(s.size)])
         plan = self._call("createProgram", self._to_js(plain), int(chunk_size))
@@ -182,19 +185,21 @@ class BrowserDevice:
         if self._unchecked:
             await self.check_kernels()
         blob = bytearray()
-        sizes = []
-        for _, data in writes:
+        handles, offsets, sizes = [], [], []
+        for buffer, data in writes:
             view = _bytes_view(data)
+            handle, offset, _ = split_slice(buffer)
             blob += view
+            handles.append(handle)
+            offsets.append(offset)
             sizes.append(view.nbytes)
-        args = self._to_js([[b for b, _ in writes], sizes, memoryview(blob),
-                            [x for buf, n in reads for x in (buf, int(n))]])
+        args = self._to_js([handles, offsets, sizes, memoryview(blob), _flat_reads(reads)])
         out = await self._await(self._call("execute", program.plan, args))
         return self._split(out, reads)
 
     async def read_buffers(self, reads: Sequence[tuple[BufferHandle, int]]) -> list[memoryview]:
         """Read `(buffer, nbytes)` pairs back: one submission, one map."""
-        flat = self._to_js([x for buf, n in reads for x in (buf, int(n))])
+        flat = self._to_js(_flat_reads(reads))
         out = await self._await(self._call("readBuffers", flat))
         return self._split(out, reads)
 
@@ -209,6 +214,15 @@ class BrowserDevice:
 
     def destroy(self) -> None:
         self._call("destroy")
+
+
+def _flat_reads(reads: Sequence[tuple[Any, int]]) -> list[Any]:
+    """[buffer, offset, nbytes, ...] of `(buffer or slice, nbytes)` pairs."""
+    flat: list[Any] = []
+    for buffer, n in reads:
+        handle, offset, _ = split_slice(buffer)
+        flat += [handle, offset, int(n)]
+    return flat
 
 
 def _bytes_view(data: Any) -> memoryview:

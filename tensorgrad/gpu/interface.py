@@ -63,8 +63,30 @@ class WebGPUSupport:
 
 
 @dataclass(frozen=True)
+class BufferSlice:
+    """`size` bytes of `buffer` from `offset` (a multiple of 256, WebGPU's storage offset
+    alignment): wherever the interface takes a buffer, a slice binds, writes or reads just
+    that range."""
+
+    buffer: BufferHandle
+    offset: int
+    size: int
+
+
+def split_slice(buffer: BufferHandle | BufferSlice) -> tuple[BufferHandle, int, int | None]:
+    """(handle, offset, size or None for the whole buffer) of a buffer or a slice."""
+    if isinstance(buffer, BufferSlice):
+        return buffer.buffer, buffer.offset, buffer.size
+    return buffer, 0, None
+
+
+STORAGE_OFFSET_ALIGNMENT = 256  # minStorageBufferOffsetAlignment's default (and maximum)
+
+
+@dataclass(frozen=True)
 class Dispatch:
-    """One compute pass: `kernel` bound to `buffers` (binding i = buffers[i], group 0)."""
+    """One compute pass: `kernel` bound to `buffers` (binding i = buffers[i], group 0; each a
+    buffer or a :class:`BufferSlice`)."""
 
     kernel: KernelHandle
     buffers: tuple[BufferHandle, ...]

@@ -20,7 +20,15 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ShaderCompileError
-from .interface import WANTED_FEATURES, AdapterInfo, Copy, DeviceLimits, Dispatch, WebGPUSupport
+from .interface import (
+    WANTED_FEATURES,
+    AdapterInfo,
+    Copy,
+    DeviceLimits,
+    Dispatch,
+    WebGPUSupport,
+    split_slice,
+)
 from .vulkan import (
     SWIFTSHADER_ICDS,
     configure_vulkan_driver,
@@ -229,8 +237,10 @@ class NativeDevice:
         return buffer
 
     def write_buffer(self, buffer: Any, data: Any, offset: int = 0) -> None:
-        """Copy host bytes into `buffer` at `offset` (a multiple of 4). Data whose length is
-        not a multiple of 4 is padded with zero bytes."""
+        """Copy host bytes into `buffer` (or a slice) at `offset` (a multiple of 4). Data
+        whose length is not a multiple of 4 is padded with zero bytes."""
+        buffer, base, _ = split_slice(buffer)
+        offset += base
         m = memoryview(data)
         if not m.c_contiguous:
             m = memoryview(m.tobytes())
@@ -301,7 +311,7 @@ class NativeDevice:
                                      f"0..{max_wg} per dimension (split x into y)")
                 bind_group = None
                 if step.buffers:
-                    key = (id(kernel), *(id(b) for b in step.buffers))
+                    key = (id(kernel), *(_slice_key(b) for b in step.buffers))
                     bind_group = bind_groups.get(key)
                     if bind_group is None:
                         bind_group = self._bind_group(kernel, step.buffers, label)
@@ -326,14 +336,18 @@ class NativeDevice:
         return NativeProgram(chunks, chunk_size, n_dispatches, labels)
 
     def _bind_group(self, kernel: NativeKernel, buffers: Sequence[Any], label: str) -> Any:
-        entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
-                   for i, b in enumerate(buffers)]
+        entries = []
+        for i, b in enumerate(buffers):
+            handle, offset, size = split_slice(b)
+            entries.append({"binding": i, "resource": {
+                "buffer": handle, "offset": offset,
+                "size": handle.size - offset if size is None else size}})
         try:
             return self.device.create_bind_group(layout=kernel.layout(), entries=entries,
                                                  label=label)
         except Exception as err:
             raise ValueError(f"dispatch '{label}': cannot bind {len(buffers)} buffers "
-                             f"(sizes {[b.size for b in buffers]}) to kernel "
+                             f"(sizes {[split_slice(b)[0].size for b in buffers]}) to kernel "
                              f"'{kernel.label}': {_error_text(err)}") from err
 
     # -- running
@@ -363,8 +377,8 @@ class NativeDevice:
                 encoder.copy_buffer_to_buffer(op[1], op[2], op[3], op[4], op[5])
         if cpass is not None:
             cpass.end()
-        for src, size, staging in reads:
-            encoder.copy_buffer_to_buffer(src, 0, staging, 0, size)
+        for src, offset, size, staging in reads:
+            encoder.copy_buffer_to_buffer(src, offset, staging, 0, size)
         if fence is not None:
             encoder.copy_buffer_to_buffer(self._fence_src, 0, fence, 0, 4)
         return encoder.finish()
@@ -378,16 +392,16 @@ class NativeDevice:
 
     async def _map_and_read(self, reads: list[tuple[Any, int, Any]],
                             nbytes: list[int]) -> list[memoryview]:
-        promises = [staging.map_async(self._map_read, 0, size) for _, size, staging in reads]
+        promises = [staging.map_async(self._map_read, 0, size) for _, _, size, staging in reads]
         out: list[memoryview] = []
         try:
             for promise in promises:
                 await promise
-            for (_, size, staging), n in zip(reads, nbytes):
+            for (_, _, size, staging), n in zip(reads, nbytes):
                 data = staging.read_mapped(0, size)
                 out.append(data[:n] if n != size else data)
         finally:
-            for _, size, staging in reads:
+            for _, _, size, staging in reads:
                 if staging.map_state == "mapped":
                     staging.unmap()
                     self._staging.setdefault(size, []).append(staging)
@@ -398,11 +412,13 @@ class NativeDevice:
     def _plan_reads(self, reads: Sequence[tuple[Any, int]]) -> tuple[list, list[int]]:
         planned, nbytes = [], []
         for buffer, n in reads:
+            buffer, offset, _ = split_slice(buffer)
             n = int(n)
             size = max(4, (n + 3) & ~3)
-            if size > buffer.size:
-                raise ValueError(f"read of {n} bytes from a buffer of {buffer.size} bytes")
-            planned.append((buffer, size, self._take_staging(size)))
+            if offset + size > buffer.size:
+                raise ValueError(f"read of {n} bytes at {offset} from a buffer of "
+                                 f"{buffer.size} bytes")
+            planned.append((buffer, offset, size, self._take_staging(size)))
             nbytes.append(n)
         return planned, nbytes
 
@@ -459,6 +475,11 @@ class NativeDevice:
                 buffer.destroy()
         self._fences.clear()
         self.device.destroy()
+
+
+def _slice_key(buffer: Any) -> tuple[int, int, int | None]:
+    handle, offset, size = split_slice(buffer)
+    return id(handle), offset, size
 
 
 def _get(obj: Any, key: str, default: Any) -> Any:

@@ -12,7 +12,7 @@ from array import array
 from typing import Any
 
 from tensorgrad.errors import ShaderCompileError
-from tensorgrad.gpu.interface import Copy, Dispatch
+from tensorgrad.gpu.interface import BufferSlice, Copy, Dispatch
 
 ADD_WGSL = """
 @group(0) @binding(0) var<storage, read> a: array<f32>;
@@ -101,6 +101,31 @@ async def check_add(dev: Any) -> dict[str, Any]:
     got = out.cast("f")
     assert got.tolist() == [1.5 * i for i in range(n)], got.tolist()[:8]
     for buf in bufs:
+        dev.destroy_buffer(buf)
+    return {"n": n}
+
+
+async def check_slices(dev: Any) -> dict[str, Any]:
+    """Slices of one buffer bound, written and read at 256-byte aligned offsets: a and b read
+    from one buffer, the sum written into a second buffer's middle slice."""
+    n = 100
+    a = array("f", [float(i) for i in range(n)])
+    b = array("f", [2.0 * i for i in range(n)])
+    src = dev.create_buffer(1024 + 4 * n, "ab")
+    dst = dev.create_buffer(2048, "out")
+    sa, sb = BufferSlice(src, 0, 4 * n), BufferSlice(src, 1024, 4 * n)
+    so = BufferSlice(dst, 512, 4 * n)
+    dev.write_buffer(sb, b)  # a slice write
+    kernel = dev.create_kernel(ADD_WGSL, "add")
+    program = dev.create_program([Dispatch(kernel, (sa, sb, so), (-(-n // 64), 1, 1), "add")], 0)
+    out, whole = await dev.execute(program, [(sa, a)], [(so, 4 * n), (dst, 2048)])
+    assert out.cast("f").tolist() == [3.0 * i for i in range(n)], out.cast("f").tolist()[:8]
+    rest = whole.cast("f").tolist()
+    assert rest[128:128 + n] == [3.0 * i for i in range(n)]
+    assert not any(rest[:128]) and not any(rest[128 + n:]), "a write outside its slice"
+    (again,) = await dev.read_buffers([(BufferSlice(src, 1024, 8), 8)])
+    assert again.cast("f").tolist() == [0.0, 2.0]
+    for buf in (src, dst):
         dev.destroy_buffer(buf)
     return {"n": n}
 
@@ -202,5 +227,6 @@ async def ffi_calls_per_step(dev: Any, dispatches: int, steps: int = 3,
     return {"dispatches": dispatches, "ffi_calls": calls, "ms_per_step": round(ms, 2)}
 
 
-CHECKS = {"add": check_add, "dispatch_2d": check_dispatch_2d, "chunking": check_chunking,
+CHECKS = {"add": check_add, "slices": check_slices, "dispatch_2d": check_dispatch_2d,
+          "chunking": check_chunking,
           "copies_in_order": check_copies_in_order, "bad_wgsl": check_bad_wgsl}

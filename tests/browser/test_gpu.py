@@ -31,8 +31,8 @@ def test_device_limits_and_description(gpu: Page) -> None:
     assert limits["max_compute_invocations_per_workgroup"] >= 256
 
 
-@pytest.mark.parametrize("name", ["add", "dispatch_2d", "chunking", "copies_in_order",
-                                  "bad_wgsl"])
+@pytest.mark.parametrize("name", ["add", "slices", "dispatch_2d", "chunking",
+                                  "copies_in_order", "bad_wgsl"])
 def test_adapter_check(gpu: Page, name: str) -> None:
     facts = gpu.exec_json(f"await CHECKS[{name!r}](dev)")
     print(f"\n{name}:", facts)

@@ -318,3 +318,10 @@ def test_compile_picks_kernels_by_the_device_kind(gpu_device: NativeDevice) -> N
 
     assert run(kernels(AdapterInfo(software=True))) == []     # matmuls without barrier tiles
     assert run(kernels(AdapterInfo(software=False)))          # tiled matmuls
+
+
+@pytest.mark.parametrize("name", ["add", "slices", "copies_in_order", "bad_wgsl"])
+def test_the_browser_adapter_checks_pass_natively(gpu_device: NativeDevice, name: str) -> None:
+    from tests.browser.adapter_checks import CHECKS
+
+    run(CHECKS[name](gpu_device))
