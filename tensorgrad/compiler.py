@@ -36,7 +36,8 @@ __all__ = ["STAGES", "Compilation", "Options", "Request", "Stage", "compile_grap
            "trace_forward"]
 
 Kind = Literal["training", "forward"]
-VIEW_OPS = frozenset(name for name, op in OPS.items() if op.alias)
+# The layout ops (views and packs) the buffer plan arranges without kernels.
+LAYOUT_OPS = {name: op for name, op in OPS.items() if op.view is not None or op.pack}
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Options:
     limits: DeviceLimits = field(default_factory=DeviceLimits)
     target: Target | None = None
     fuse: bool = True
+    arena: bool = True  # params, gradients and optimizer state in arenas (few update kernels)
     chunk_size: int = 32
     store: ParamStore | None = None
 
@@ -115,8 +117,9 @@ class Compilation:
         step guard."""
         status = () if self.optimizer is None or self.optimizer.status is None else (
             self.optimizer.status,)
+        dests = (wb.dest for wb in self.writebacks if wb.kind == "node")
         return {self.output, *self.grads.values(), *(wb.source for wb in self.writebacks),
-                *status}
+                *dests, *status}
 
     def renumber(self, graph: Graph, remap: Mapping[int, int]) -> None:
         """Adopt `graph`, whose ids relate to the old ones by `remap`."""
@@ -170,25 +173,26 @@ def _optimizer(c: Compilation, o: Options) -> None:
                          "without params with tg.compile_forward")
     c.optimizer = append_optimizer(c.graph, c.grads, c.request.optimizer,
                                    {n: s.decay for n, s in c.params.items()}, limits=o.limits,
-                                   loss=c.output)
+                                   loss=c.output, arena=o.arena)
     c.graph.outputs = [c.output] + ([] if c.optimizer.status is None else [c.optimizer.status])
 
 
 def _plan(c: Compilation, o: Options) -> None:
     c.plan = plan_buffers(c.graph, grads=c.grads, writebacks=c.writebacks, limits=o.limits,
-                          view_ops=VIEW_OPS)
+                          layout_ops=LAYOUT_OPS)
 
 
 def _emit(c: Compilation, o: Options) -> None:
-    views = frozenset(c.plan.views) if c.plan is not None else frozenset()
-    c.kernels = emit_graph(c.graph, o.target or Target(limits=o.limits), OPS, views)
+    no_kernel = c.plan.no_kernel if c.plan is not None else frozenset()
+    c.kernels = emit_graph(c.graph, o.target or Target(limits=o.limits), OPS, no_kernel)
 
 
 def _build(c: Compilation, o: Options) -> None:
     if o.device is None:
         raise ValueError("compile: the build stage needs a device (Options.for_device)")
     assert c.plan is not None
-    store = o.store if o.store is not None else ParamStore(o.device, c.params, c.seed)
+    layout = c.optimizer.layout if c.optimizer is not None else None
+    store = o.store if o.store is not None else ParamStore(o.device, c.params, c.seed, layout)
     try:
         c.executable = build_executable(o.device, c.graph, c.plan, c.kernels, c.output,
                                         pipeline_cache(o.device), o.chunk_size,

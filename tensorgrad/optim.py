@@ -42,6 +42,8 @@ from . import lr as lr_mod
 from .gpu.interface import DeviceLimits
 from .ir import Graph, Node
 from .ops import optim_ops as oo
+from .ops.arena import arena_layout, pack
+from .ops.shape import narrow
 from .tensor import Tensor, leaf, tracing
 
 NameFilter = bool | str | Callable[[str], bool]
@@ -203,11 +205,13 @@ def host_scalars(config: OptimizerConfig, t: int, lr: lr_mod.LR | None = None,
 
 
 class Writeback(NamedTuple):
-    """After each step, copy node `source` into the leaf `dest` of `kind` 'param'|'state'."""
+    """After each step, copy node `source` into the leaf `dest` of `kind` 'param'|'state', or
+    (kind 'node') into node `dest`'s bytes at byte `offset` (a range of the param arena)."""
 
     source: int
-    dest: str
+    dest: str | int
     kind: str
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,10 @@ class OptimizerPlan:
     normalized: tuple[str, ...] = ()
     params: tuple[str, ...] = field(default=())
     status: int | None = None  # the step guard node: 1.0 when the update was applied
+    # The param arena: {param name: element offset} and its element count (None: each
+    # param is updated on its own).
+    layout: dict[str, int] | None = None
+    arena_size: int = 0
 
     def host_scalars(self, config_or_lr: OptimizerConfig | lr_mod.LR, t: int) -> dict[str, float]:
         """{hidden input name: value} for step `t`, from an LR (number or schedule, e.g.
@@ -239,8 +247,10 @@ class OptimizerPlan:
 
     def renumbered(self, remap: Mapping[int, int]) -> OptimizerPlan:
         """The same plan with writeback sources re-pointed through `remap` (old id → new)."""
-        return replace(self, writebacks=tuple(wb._replace(source=remap[wb.source])
-                                              for wb in self.writebacks),
+        return replace(self, writebacks=tuple(
+            wb._replace(source=remap[wb.source],
+                        dest=remap[wb.dest] if wb.kind == "node" else wb.dest)
+            for wb in self.writebacks),
                        status=None if self.status is None else remap[self.status])
 
     def __str__(self) -> str:
@@ -307,6 +317,7 @@ class _Appender:
     gtotal: Tensor | None
     clip: float | None
     ok: Tensor | None = None
+    arena: tuple[int, dict[str, int]] | None = None  # (pack node, {group: byte offset})
     states: list[str] = field(default_factory=list)
     writebacks: list[Writeback] = field(default_factory=list)
 
@@ -320,6 +331,10 @@ class _Appender:
         return leaf("state", name, shape, "f32", init=0.0)
 
     def write(self, source: Tensor, dest: str, kind: str) -> None:
+        if kind == "param" and self.arena is not None:  # a group: its range of the arena
+            pack, offsets = self.arena
+            self.writebacks.append(Writeback(source.id, pack, "node", offsets[dest]))
+            return
         self.writebacks.append(Writeback(source.id, dest, kind))
 
 
@@ -360,17 +375,57 @@ def _append_adam(a: _Appender, config: Adam | AdamW, decayed: list[str],
     return (ADAM_LRT, ADAM_SHRINK) if decayed else (ADAM_LRT,)
 
 
+def _arena_groups(order: list[str], decayed: set[str], layout: Mapping[str, int],
+                  sizes: Mapping[str, int], max_bytes: int) -> list[tuple[int, int, bool]]:
+    """Contiguous (start, end, decayed) element ranges of the arena, each holding params
+    of one decay kind and binding as one tensor (at most `max_bytes`)."""
+    groups: list[tuple[int, int, bool]] = []
+    for n in order:
+        start, end, flag = layout[n], layout[n] + sizes[n], n in decayed
+        if groups and groups[-1][2] == flag and 4 * (end - groups[-1][0]) <= max_bytes:
+            groups[-1] = (groups[-1][0], end, flag)
+        else:
+            groups.append((start, end, flag))
+    return groups
+
+
+def _append_arena(graph: Graph, g: dict[str, Tensor], params: Mapping[str, Node],
+                  order: list[str], decayed: set[str], loss: int | None, clip: float | None,
+                  limits: DeviceLimits) -> tuple[_Appender, list[str], dict[str, int], int]:
+    """Pack the params and their gradients into arenas and make one virtual param per group
+    (a range of the arenas): the update runs a few kernels for all params."""
+    sizes = {n: params[n].size for n in order}
+    offsets, size = arena_layout([sizes[n] for n in order])
+    layout = dict(zip(order, offsets))
+    arena_p = pack([Tensor(graph, params[n].id) for n in order], offsets, size)
+    arena_g = pack([g[n] for n in order], offsets, size)
+    cap = min(limits.max_storage_buffer_binding_size, limits.max_buffer_size)
+    groups = _arena_groups(order, decayed, layout, sizes, cap)
+    names = [f"arena{k}" for k in range(len(groups))]
+    vp = {name: narrow(arena_p, 0, a, b - a) for name, (a, b, _) in zip(names, groups)}
+    vg = {name: narrow(arena_g, 0, a, b - a) for name, (a, b, _) in zip(names, groups)}
+    ok = oo.step_ok(Tensor(graph, loss), list(vg.values())) if loss is not None else None
+    gtotal = oo.sumsq_total(list(vg.values())) if clip is not None else None
+    appender = _Appender(vg, vp, {}, gtotal, clip, ok,
+                         arena=(arena_p.id, {name: 4 * a for name, (a, _, _) in
+                                             zip(names, groups)}))
+    return appender, [n for n, (_, _, d) in zip(names, groups) if d], layout, size
+
+
 def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerConfig,
                      decay: Mapping[str, bool | None] | None = None, *,
-                     limits: DeviceLimits | None = None, loss: int | None = None
-                     ) -> OptimizerPlan:
+                     limits: DeviceLimits | None = None, loss: int | None = None,
+                     arena: bool = False) -> OptimizerPlan:
     """Append `config`'s update of every param in `grads` ({param name: grad node id}) to
     `graph`, in `grads` order. `decay` holds per-param decay flags (None: no flag, the filter
     decides). `limits` (default: WebGPU's defaults) decides whether Adam's m and v share one
     ``[2, *shape]`` state (two kernels per param instead of three): they do when it fits one
     binding. With `loss` (its node id) the update is guarded: when the loss or any gradient
     is not finite, every update op writes its old value back, and the plan's `status` node
-    (1.0 applied, 0.0 skipped) says so."""
+    (1.0 applied, 0.0 skipped) says so. With `arena` (and no `normalize_grads`, which needs
+    each param's own norm) the params and gradients are packed into arenas, decayed params
+    first, and a handful of kernels update them all; the plan's `layout` says where each
+    param lies (the param store lays its buffer out the same way)."""
     if not isinstance(config, tuple(CONFIGS.values())):
         raise TypeError(f"append_optimizer: expected an optim.Adam, AdamW or SGD config, got "
                         f"{type(config).__name__}")
@@ -390,8 +445,22 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
                                                _select("decay_filter", config.decay_filter, n))]
 
     clip = config.clip_grad_norm
+    limits = limits or DeviceLimits()
+    layout, arena_size = None, 0
     with tracing(graph, capture=False):
         g = {n: Tensor(graph, grads[n]) for n in names}
+        if arena and not normalized:
+            order = [n for n in names if n in decayed] + [n for n in names if n not in decayed]
+            appender, groups_decayed, layout, arena_size = _append_arena(
+                graph, g, params, order, set(decayed), loss, clip, limits)
+            if isinstance(config, SGD):
+                scalars = _append_sgd(appender, config, groups_decayed)
+            else:
+                scalars = _append_adam(appender, config, groups_decayed, limits)
+            ok = appender.ok
+            return OptimizerPlan(config, tuple(appender.writebacks), scalars,
+                                 tuple(appender.states), tuple(decayed), (), tuple(names),
+                                 None if ok is None else ok.id, layout, arena_size)
         ok = oo.step_ok(Tensor(graph, loss), list(g.values())) if loss is not None else None
         # Sums of squares: every param's when clipping, else the normalized ones'.
         sumsq = {n: oo.grad_sumsq(g[n]) for n in names if clip is not None or n in normalized}
@@ -404,7 +473,7 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
         if isinstance(config, SGD):
             scalars = _append_sgd(appender, config, decayed)
         else:
-            scalars = _append_adam(appender, config, decayed, limits or DeviceLimits())
+            scalars = _append_adam(appender, config, decayed, limits)
     return OptimizerPlan(config, tuple(appender.writebacks), scalars, tuple(appender.states),
                          tuple(decayed), tuple(normalized), tuple(names),
                          None if ok is None else ok.id)

@@ -16,15 +16,17 @@ would silently read back zeros.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Protocol
 
 from .errors import DeviceLimitError, PlanError
 from .gpu.interface import DeviceLimits
 from .ir import LEAF_OPS, Graph, Node, Shape
 
-BUFFER_KINDS = ("param", "param_grad", "input", "state", "intermediate", "output", "capture")
+BUFFER_KINDS = ("param", "param_grad", "input", "state", "intermediate", "output", "capture",
+                "param_arena", "grad_arena", "arena")
 _LEAF_KIND = {"param": "param", "input": "input", "state": "state"}
 
 
@@ -47,7 +49,8 @@ class BufferSpec:
 
 @dataclass(frozen=True)
 class ResolvedWriteback:
-    """Copy `size` bytes from buffer `src` (node `source`) to buffer `dst` (leaf `dest`)."""
+    """Copy `size` bytes from buffer `src` (node `source`) to buffer `dst` (leaf `dest`, or
+    for kind 'node' the node id), at these byte offsets."""
 
     src: int
     dst: int
@@ -55,6 +58,8 @@ class ResolvedWriteback:
     source: int
     dest: str
     kind: str
+    src_offset: int = 0
+    dst_offset: int = 0
 
 
 @dataclass
@@ -74,12 +79,19 @@ class BufferPlan:
     captures: dict[str, int] = field(default_factory=dict)
     writebacks: list[ResolvedWriteback] = field(default_factory=list)
     views: dict[int, int] = field(default_factory=dict)  # view node -> the node it reads
+    packed: frozenset[int] = frozenset()  # pack nodes: their inputs sit in their buffer
+    node_offset: list[int] = field(default_factory=list)  # byte offset in node_buffer's
     peak_bytes: int = 0
     unpooled_bytes: int = 0
 
     def bindings(self, node: Node) -> tuple[int, ...]:
         """The buffers a node's kernel binds: its inputs in order, then its output."""
         return (*(self.node_buffer[i] for i in node.inputs), self.node_buffer[node.id])
+
+    @property
+    def no_kernel(self) -> frozenset[int]:
+        """The nodes whose bytes the plan arranges, so that they run no kernel."""
+        return frozenset(self.views) | self.packed
 
     def __str__(self) -> str:
         head = (f"buffer plan: {len(self.buffers)} buffers for {len(self.node_buffer)} nodes "
@@ -107,14 +119,17 @@ def _describe(node: Node) -> str:
     return f"the result of {node.op} (%{node.id}), {node.dtype}{list(node.shape)}"
 
 
-def check_limits(graph: Graph, limits: DeviceLimits) -> None:
+def check_limits(graph: Graph, limits: DeviceLimits, no_kernel: Iterable[int] = ()) -> None:
     """Raise :class:`DeviceLimitError` for the first tensor that exceeds a buffer limit, or
-    the first kernel that binds more storage buffers than a shader stage may."""
+    the first kernel that binds more storage buffers than a shader stage may (nodes in
+    `no_kernel` bind nothing)."""
+    no_kernel = set(no_kernel)
     caps = (("max_storage_buffer_binding_size", limits.max_storage_buffer_binding_size),
             ("max_buffer_size", limits.max_buffer_size))
     per_stage = limits.max_storage_buffers_per_shader_stage
     for node in graph.nodes:
-        if node.op not in LEAF_OPS and len(node.inputs) + 1 > per_stage:
+        if node.op not in LEAF_OPS and node.id not in no_kernel and \
+                len(node.inputs) + 1 > per_stage:
             raise DeviceLimitError(
                 node.op, f"%{node.id} binds {len(node.inputs)} inputs and its output, more "
                 f"than the device's max_storage_buffers_per_shader_stage of {per_stage}",
@@ -135,43 +150,85 @@ def _last_use(graph: Graph) -> list[int]:
     return last
 
 
-def _view_roots(graph: Graph, view_ops: frozenset[str], special: set[int]) -> dict[int, int]:
-    """{view node: the node whose buffer it reads}: the nodes of a view op (reshape) that
-    need no buffer of their own, mapped through chains of views to their root."""
-    root: dict[int, int] = {}
+class LayoutOp(Protocol):
+    """An op-table entry as the planner sees it: a view (`view(node, input)` gives the byte
+    offset of the output in input 0's bytes, or None) or a pack (`pack`: its inputs are
+    placed in its buffer at ``attrs["offsets"]``)."""
+
+    @property
+    def view(self) -> Callable[[Node, Node], int | None] | None: ...
+
+    @property
+    def pack(self) -> bool: ...
+
+
+def _views(graph: Graph, layout_ops: Mapping[str, LayoutOp], special: set[int]
+           ) -> dict[int, tuple[int, int]]:
+    """{view node: (the node whose buffer it reads, byte offset there)}, through chains of
+    views: nodes of a view op that need no buffer of their own."""
+    views: dict[int, tuple[int, int]] = {}
     for node in graph.nodes:
-        if node.op in view_ops and node.id not in special and node.inputs:
-            src = node.inputs[0]
-            root[node.id] = root.get(src, src)
-    return root
+        op = layout_ops.get(node.op)
+        if op is None or op.view is None or node.id in special or not node.inputs:
+            continue
+        offset = op.view(node, graph[node.inputs[0]])
+        if offset is not None:
+            src, base = views.get(node.inputs[0], (node.inputs[0], 0))
+            views[node.id] = (src, base + offset)
+    return views
 
 
-def _extend_lifetimes(last: list[int], roots: Mapping[int, int]) -> list[int]:
-    """Last uses where a root lives as long as its views are read."""
+def _placements(graph: Graph, layout_ops: Mapping[str, LayoutOp],
+                views: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """{node: (pack node, byte offset in the pack)} for every input of a pack."""
+    placed: dict[int, tuple[int, int]] = {}
+    for node in graph.nodes:
+        op = layout_ops.get(node.op)
+        if op is None or not op.pack:
+            continue
+        for x, offset in zip(node.inputs, node.attrs["offsets"]):
+            what = graph[x]
+            if x in placed or x in views or what.op in ("input", "state"):
+                raise PlanError(f"pack %{node.id}: its input %{x} ({what.op}) cannot be placed "
+                                "(it is a view, an input or a state, or placed twice)")
+            placed[x] = (node.id, 4 * int(offset))
+    return placed
+
+
+def _extend_lifetimes(last: list[int], views: Mapping[int, tuple[int, int]]) -> list[int]:
+    """Last uses where a view's source lives as long as the view is read."""
     last = list(last)
-    for view, root in roots.items():
-        last[root] = max(last[root], last[view])
+    for view, (src, _) in views.items():
+        last[src] = max(last[src], last[view])
     return last
+
+
+def _arena_kind(graph: Graph, pack: Node, grads: set[int]) -> str:
+    first = graph[pack.inputs[0]]
+    if first.op == "param":
+        return "param_arena"
+    return "grad_arena" if first.id in grads else "arena"
 
 
 def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
                  writebacks: Iterable[Sequence] = (),
                  limits: DeviceLimits | None = None, reuse: bool = True,
-                 view_ops: Iterable[str] = ()) -> BufferPlan:
+                 layout_ops: Mapping[str, LayoutOp] | None = None) -> BufferPlan:
     """Plan the buffers of `graph`. `grads` maps param names to gradient node ids;
-    `writebacks` holds ``(source node id, dest leaf name, 'param' | 'state')``.
-    `reuse=False` gives every intermediate its own buffer (for debugging and tests).
-    Nodes of `view_ops` (ops whose output is input 0's bytes, such as reshape) share their
-    input's buffer and run no kernel, unless they need a buffer of their own (a gradient,
-    an output, a capture, a writeback source): the plan's `views`."""
+    `writebacks` holds ``(source node id, dest leaf name, 'param' | 'state')`` or
+    ``(source node id, dest node id, 'node', byte offset)``. `reuse=False` gives every
+    intermediate its own buffer (for debugging and tests). `layout_ops` (op name → op, the
+    op table's views and packs) lets views share their input's buffer and packs hold their
+    inputs, with no kernel: the plan's `views` and `packed`."""
     grads = dict(grads or {})
+    layout_ops = dict(layout_ops or {})
     writebacks = [tuple(wb) for wb in writebacks]
-    check_limits(graph, limits or DeviceLimits())
     for name, gid in grads.items():
         if not isinstance(gid, int) or not 0 <= gid < len(graph.nodes):
             raise PlanError(f"gradient of '{name}' is not a node of the graph: {gid!r}")
     for wb in writebacks:
-        if len(wb) != 3 or not isinstance(wb[0], int) or not 0 <= wb[0] < len(graph.nodes):
+        if len(wb) not in (3, 4) or not isinstance(wb[0], int) or \
+                not 0 <= wb[0] < len(graph.nodes):
             raise PlanError(f"writeback {wb!r}: expected (source node id, dest name, kind) "
                             "with a source node of the graph")
 
@@ -180,8 +237,11 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
     capture_of = {nid: name for name, nid in graph.captures.items()}
     sources = {wb[0] for wb in writebacks}
     special = {*grad_of, *output_ids, *capture_of, *sources}
-    roots = _view_roots(graph, frozenset(view_ops), special)
-    last = _extend_lifetimes(_last_use(graph), roots)
+    views = _views(graph, layout_ops, special)
+    placed = _placements(graph, layout_ops, views)
+    packs = {p for p, _ in placed.values()}
+    check_limits(graph, limits or DeviceLimits(), no_kernel={*views, *packs})
+    last = _extend_lifetimes(_last_use(graph), views)
 
     sizes: list[int] = []
     kinds: list[str] = []
@@ -189,6 +249,8 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
     pooled: list[bool] = []
     occupants: list[list[int]] = []
     node_buffer = [-1] * len(graph.nodes)
+    node_offset = [0] * len(graph.nodes)
+    arena_of: dict[int, int] = {}  # pack node -> its buffer
     free: list[int] = []
 
     def new_buffer(kind: str, name: str, is_pooled: bool) -> int:
@@ -198,6 +260,13 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
         pooled.append(is_pooled)
         occupants.append([])
         return len(sizes) - 1
+
+    def arena(pack: int) -> int:
+        if pack not in arena_of:
+            kind = _arena_kind(graph, graph[pack], set(grad_of))
+            arena_of[pack] = new_buffer(kind, "params" if kind == "param_arena" else "", False)
+            sizes[arena_of[pack]] = max(4, graph[pack].nbytes)
+        return arena_of[pack]
 
     def take_free(need: int) -> int | None:
         fits = [b for b in free if sizes[b] >= need]
@@ -212,10 +281,17 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
 
     for node in graph.nodes:
         need = max(4, node.nbytes)
-        if node.id in roots:  # a view: its root's buffer, which lives as long as the view
-            node_buffer[node.id] = node_buffer[roots[node.id]]
+        if node.id in views:  # its source's buffer, which lives as long as the view
+            src, offset = views[node.id]
+            node_buffer[node.id] = node_buffer[src]
+            node_offset[node.id] = node_offset[src] + offset
             continue
-        if node.op in LEAF_OPS:
+        if node.id in placed:  # in its pack's buffer, at its offset
+            pack, offset = placed[node.id]
+            buf, node_offset[node.id] = arena(pack), offset
+        elif node.id in packs:
+            buf = arena(node.id)
+        elif node.op in LEAF_OPS:
             buf = new_buffer(_LEAF_KIND[node.op], node.attrs["name"], False)
         elif node.id in grad_of:
             buf = new_buffer("param_grad", grad_of[node.id], False)
@@ -228,11 +304,11 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
         else:
             taken = take_free(need) if reuse else None
             buf = taken if taken is not None else new_buffer("intermediate", "", True)
-        sizes[buf] = max(sizes[buf], need)
+        sizes[buf] = max(sizes[buf], node_offset[node.id] + need)
         occupants[buf].append(node.id)
         node_buffer[node.id] = buf
         # Release after allocating, so the output never shares a buffer with an input.
-        for i in dict.fromkeys(roots.get(i, i) for i in node.inputs):
+        for i in dict.fromkeys(views.get(i, (i, 0))[0] for i in node.inputs):
             if pooled[node_buffer[i]] and last[i] == node.id:
                 free.append(node_buffer[i])
         if pooled[buf] and last[node.id] < 0:
@@ -251,16 +327,28 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
         param_grads={n: node_buffer[g] for n, g in grads.items()},
         outputs=[node_buffer[i] for i in graph.outputs],
         captures={n: node_buffer[i] for n, i in graph.captures.items()},
-        views=roots,
-        peak_bytes=sum(sizes),
-        unpooled_bytes=sum(max(4, n.nbytes) for n in graph.nodes if n.id not in roots))
+        views={v: src for v, (src, _) in views.items()}, packed=frozenset(packs),
+        node_offset=node_offset, peak_bytes=sum(sizes),
+        unpooled_bytes=sum(max(4, n.nbytes) for n in graph.nodes
+                           if n.id not in views and n.id not in placed))
     plan.writebacks = [_resolve_writeback(graph, plan, wb) for wb in writebacks]
     check_plan(graph, plan)
     return plan
 
 
 def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple) -> ResolvedWriteback:
-    source, dest, kind = wb
+    source, dest, kind = wb[:3]
+    src_node = graph[source]
+    if kind == "node":
+        offset = int(wb[3]) if len(wb) > 3 else 0
+        if not isinstance(dest, int) or not 0 <= dest < len(graph.nodes):
+            raise PlanError(f"writeback %{source} -> node {dest!r}: not a node of the graph")
+        if offset + src_node.nbytes > graph[dest].nbytes or offset % 4:
+            raise PlanError(f"writeback %{source} -> %{dest} at {offset}: "
+                            f"{src_node.nbytes} bytes do not fit in {graph[dest].nbytes}")
+        src, dst = plan.node_buffer[source], plan.node_buffer[dest]
+        return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, str(dest), kind,
+                                 plan.node_offset[source], plan.node_offset[dest] + offset)
     table = {"param": plan.params, "state": plan.states}.get(kind)
     if table is None:
         raise PlanError(f"writeback %{source} -> '{dest}': kind must be 'param' or 'state', "
@@ -268,7 +356,6 @@ def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple) -> ResolvedWri
     if dest not in table:
         raise PlanError(f"writeback %{source} -> {kind} '{dest}': the graph has no {kind} of "
                         f"that name (known: {sorted(table)})")
-    src_node = graph[source]
     dst_node = getattr(graph, f"{kind}s")[dest]
     if (src_node.shape, src_node.dtype) != (dst_node.shape, dst_node.dtype):
         raise PlanError(f"writeback %{source} -> {kind} '{dest}': source is "
@@ -277,33 +364,43 @@ def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple) -> ResolvedWri
     src, dst = plan.node_buffer[source], table[dest]
     if src == dst:
         raise PlanError(f"writeback %{source} -> {kind} '{dest}' copies a buffer onto itself")
-    return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, dest, kind)
+    return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, dest, kind,
+                             plan.node_offset[source], plan.node_offset[dst_node.id])
+
+
+ARENA_KINDS = ("param_arena", "grad_arena", "arena")
 
 
 def check_plan(graph: Graph, plan: BufferPlan) -> None:
-    """Self-check: occupants of one buffer never overlap in time (a root living as long as
-    its views), no kernel binds its output buffer as an input, and every buffer is large
-    enough for its occupants."""
-    last = _extend_lifetimes(_last_use(graph), plan.views)
+    """Self-check: occupants of one pooled buffer never overlap in time (a source living as
+    long as its views), an arena's occupants never overlap in space, no kernel binds its
+    output buffer as an input, and every buffer is large enough for its occupants."""
+    last = _extend_lifetimes(_last_use(graph), {v: (s, 0) for v, s in plan.views.items()})
     for buf in plan.buffers:
         occ = sorted(buf.nodes)
-        if len(occ) > 1 and not buf.pooled:
+        if buf.kind in ARENA_KINDS:
+            spans = sorted((plan.node_offset[i], plan.node_offset[i] + graph[i].nbytes, i)
+                           for i in occ if i not in plan.packed)
+            for (_, end, a), (start, _, b) in pairwise(spans):
+                if start < end:
+                    raise PlanError(f"arena #{buf.id}: %{a} and %{b} overlap")
+        elif len(occ) > 1 and not buf.pooled:
             raise PlanError(f"dedicated buffer #{buf.id} holds several nodes {occ}")
-        for a, b in pairwise(occ):
+        for a, b in pairwise(occ if buf.pooled else ()):
             end = last[a] if last[a] >= 0 else a
             if b <= end:
                 raise PlanError(f"lifetime overlap in buffer #{buf.id}: %{b} is written "
                                 f"while %{a} is still read (last by %{end})")
         for i in occ:
-            if max(4, graph[i].nbytes) > buf.size:
+            if plan.node_offset[i] + max(4, graph[i].nbytes) > buf.size:
                 raise PlanError(f"buffer #{buf.id} ({buf.size} B) is too small for %{i}")
     for node in graph.nodes:
-        if node.op in LEAF_OPS or node.id in plan.views:
+        if node.op in LEAF_OPS or node.id in plan.views or node.id in plan.packed:
             continue
         out = plan.node_buffer[node.id]
         if any(plan.node_buffer[i] == out for i in node.inputs):
             raise PlanError(f"%{node.id} ({node.op}) would read and write buffer #{out}")
 
 
-__all__ = ["BUFFER_KINDS", "BufferPlan", "BufferSpec",
+__all__ = ["ARENA_KINDS", "BUFFER_KINDS", "BufferPlan", "BufferSpec",
            "ResolvedWriteback", "check_limits", "check_plan", "plan_buffers"]

@@ -10,28 +10,47 @@ attached to it bind, so they share weights without copies.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .codegen.kernel import Kernel, dispatch_size
-from .errors import AbortError, ShapeError
-from .gpu.interface import Copy, Dispatch, GPUDevice
+from .errors import AbortError, PlanError, ShapeError
+from .gpu.interface import BufferSlice, Copy, Dispatch, GPUDevice, split_slice
 from .hostdata import from_bytes, to_bytes
 from .init import ParamSpec, init_params
 from .ir import Graph
+from .ops.arena import ALIGN, arena_layout
 from .ops.index import input_index_bounds
 
 
 class ParamStore:
-    """One GPU buffer per param, shared by every graph compiled against these params."""
+    """The params on the GPU, shared by every graph compiled against them: the f32 params in
+    one arena buffer (each a 256-byte aligned slice, at the offsets `layout` gives, as the
+    optimizer packed them), other dtypes in buffers of their own."""
 
-    def __init__(self, device: GPUDevice, specs: Mapping[str, ParamSpec], seed: int):
+    def __init__(self, device: GPUDevice, specs: Mapping[str, ParamSpec], seed: int,
+                 layout: Mapping[str, int] | None = None):
         self.device = device
         self.specs = dict(specs)
         self.seed = seed
-        self.buffers = {name: device.create_buffer(max(4, 4 * s.size), name)
-                        for name, s in self.specs.items()}
+        f32 = [n for n, s in self.specs.items() if s.dtype == "f32"]
+        if layout is None:
+            offsets, _ = arena_layout([self.specs[n].size for n in f32])
+            layout = dict(zip(f32, offsets))
+        if sorted(layout) != sorted(f32):
+            raise ValueError(f"param arena layout {sorted(layout)} does not match the f32 "
+                             f"params {sorted(f32)}")
+        self.layout = dict(layout)
+        size = max([self.layout[n] + self.specs[n].size for n in f32], default=0)
+        self.arena = device.create_buffer(4 * max(size, ALIGN), "params") if f32 else None
+        self.buffers: dict[str, Any] = {}
+        for name, spec in self.specs.items():
+            if name in self.layout:
+                self.buffers[name] = BufferSlice(self.arena, 4 * self.layout[name],
+                                                 max(4, 4 * spec.size))
+            else:
+                self.buffers[name] = device.create_buffer(max(4, 4 * spec.size), name)
         self.reset()
 
     @property
@@ -76,13 +95,18 @@ class ParamStore:
 
     def destroy(self) -> None:
         for buf in self.buffers.values():
-            self.device.destroy_buffer(buf)
+            if not isinstance(buf, BufferSlice):
+                self.device.destroy_buffer(buf)
+        if self.arena is not None:
+            self.device.destroy_buffer(self.arena)
+            self.arena = None
         self.buffers = {}
 
 
 def shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int, Any]:
-    """{buffer index of each param of `graph`: the store's buffer}; ShapeError when the graph
-    uses a param the store does not have, or with another shape."""
+    """{buffer index of each param of `graph`: the store's buffer, a slice of its arena, or
+    the arena itself where the plan packed the params as the store did}; ShapeError when the
+    graph uses a param the store does not have, or with another shape."""
     shared = {}
     for name, node in graph.params.items():
         if name not in store.buffers:
@@ -92,7 +116,14 @@ def shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int
         if spec.shape != node.shape:
             raise ShapeError("attach", f"param '{name}' has shape {list(spec.shape)} in the "
                              f"model but {list(node.shape)} in the forward")
-        shared[plan.node_buffer[node.id]] = store.buffers[name]
+        index = plan.node_buffer[node.id]
+        if plan.buffers[index].kind == "param_arena":
+            if plan.node_offset[node.id] != 4 * store.layout.get(name, -1):
+                raise PlanError(f"param '{name}' lies at byte {plan.node_offset[node.id]} of "
+                                "the compiled arena but elsewhere in the param store")
+            shared[index] = store.arena
+        else:
+            shared[index] = store.buffers[name]
     return shared
 
 
@@ -148,7 +179,9 @@ class Executable:
         return sum(1 for k in self.kernels if k.threads > 0)
 
     def buffer_of(self, node_id: int) -> Any:
-        return self.buffers[self.plan.node_buffer[node_id]]
+        """What holds node `node_id`: its buffer, or the slice of an arena or of a shared
+        buffer it lies in."""
+        return binding(self.buffers, self.plan, self.graph, node_id)
 
     def leaf_buffer(self, op: str, name: str) -> Any:
         node = self.graph.leaves(op)[name]
@@ -223,6 +256,16 @@ def _check_index_range(name: str, data: memoryview, bound: int, what: str) -> No
                      "row and be silently ignored)", site="")
 
 
+def binding(buffers: Sequence[Any], plan: Any, graph: Graph, node_id: int) -> Any:
+    """The buffer (or slice) a kernel binds for node `node_id`."""
+    buffer = buffers[plan.node_buffer[node_id]]
+    offset = plan.node_offset[node_id]
+    if offset == 0 and not isinstance(buffer, BufferSlice):
+        return buffer
+    handle, base, _ = split_slice(buffer)
+    return BufferSlice(handle, base + offset, (max(4, graph[node_id].nbytes) + 3) & ~3)
+
+
 def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[Kernel],
                      output_id: int, pipelines: PipelineCache, chunk_size: int,
                      shared: Mapping[int, Any] | None = None,
@@ -248,12 +291,15 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
             if kernel.threads <= 0:
                 continue
             pipeline = pipelines.get(kernel.wgsl, node.op)
-            binds = tuple(buffers[plan.node_buffer[i]] for i in (*node.inputs, node.id))
+            binds = tuple(binding(buffers, plan, graph, i) for i in (*node.inputs, node.id))
             steps.append(Dispatch(pipeline, binds, dispatch_size(kernel.threads,
                                                                  kernel.workgroup_size),
                                   node.op))
         for wb in plan.writebacks:
-            steps.append(Copy(buffers[wb.src], buffers[wb.dst], wb.size))
+            src, src_base, _ = split_slice(buffers[wb.src])
+            dst, dst_base, _ = split_slice(buffers[wb.dst])
+            steps.append(Copy(src, dst, wb.size, src_base + wb.src_offset,
+                              dst_base + wb.dst_offset))
         program = device.create_program(steps, chunk_size)
     except BaseException:  # e.g. ShaderCompileError: free what this call created
         for buf, own in zip(buffers, owned):

@@ -77,12 +77,26 @@ class DeepMLP(tg.Module):
 
 def grad_ids(train: tg.Training) -> dict[str, int]:
     """{param name: node id of its gradient in train.ir}."""
-    return {b.name: b.nodes[0] for b in train._exe.plan.buffers if b.kind == "param_grad"}
+    return dict(train._grads)
 
 
-def param_writebacks(train: tg.Training) -> dict[str, int]:
-    """{param name: node id in train.ir of its updated value}."""
-    return {wb.dest: wb.source for wb in train._exe.plan.writebacks if wb.kind == "param"}
+def updated_params(train: tg.Training, values: list[Any]) -> dict[str, Any]:
+    """{param name: its value after the step}, from the reference `values` of train.ir: the
+    writeback sources, per param or (arena) ranges of the param arena cut by its layout."""
+    import numpy as np
+
+    out, arena = {}, None
+    for wb in train._opt.writebacks:
+        if wb.kind == "param":
+            out[wb.dest] = values[wb.source]
+        elif wb.kind == "node":
+            arena = np.array(values[wb.dest]) if arena is None else arena
+            start = wb.offset // 4
+            arena[start:start + values[wb.source].size] = values[wb.source]
+    for name, offset in (train._opt.layout or {}).items():
+        shape = train.param_shapes[name]
+        out[name] = arena[offset:offset + int(np.prod(shape))].reshape(shape)
+    return out
 
 
 def reference_values(train: tg.Training, feeds: dict[str, Any], t: int = 1) -> list[Any]:

@@ -77,10 +77,11 @@ def emit_node(graph: Graph, node: Node, target: Target, ops: Mapping[str, HasEmi
 
 
 def emit_graph(graph: Graph, target: Target, ops: Mapping[str, HasEmitter],
-               views: frozenset[int] = frozenset()) -> list[Kernel]:
-    """One kernel per node, in graph order; `views` (nodes the buffer plan made views of
-    their input) and leaves get an empty one. TENSORGRAD_DUMP_WGSL=1 prints each kernel."""
-    kernels = [Kernel("", 0, label=n.describe()) if n.id in views else
+               no_kernel: frozenset[int] = frozenset()) -> list[Kernel]:
+    """One kernel per node, in graph order; `no_kernel` (views and packs, whose bytes the
+    buffer plan arranges) and leaves get an empty one. TENSORGRAD_DUMP_WGSL=1 prints each
+    kernel."""
+    kernels = [Kernel("", 0, label=n.describe()) if n.id in no_kernel else
                emit_node(graph, n, target, ops) for n in graph.nodes]
     if os.environ.get("TENSORGRAD_DUMP_WGSL"):
         for k in kernels:

@@ -153,11 +153,11 @@ def guard_width(sizes: Sequence[int]) -> int:
 
 def _infer_partials(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
     if not 1 <= len(inputs) <= MAX_GUARD_INPUTS:
-        raise ShapeError("finite_partials", f"expected 1..{MAX_GUARD_INPUTS} inputs, got "
+        raise ShapeError("partials", f"expected 1..{MAX_GUARD_INPUTS} inputs, got "
                          f"{len(inputs)}")
     for node in inputs:
         if node.dtype != "f32":
-            raise ShapeError("finite_partials", f"inputs must be f32, got {node.dtype}"
+            raise ShapeError("partials", f"inputs must be f32, got {node.dtype}"
                              f"{list(node.shape)}")
     return (guard_width([n.size for n in inputs]),), "f32"
 
@@ -194,6 +194,43 @@ define("finite_partials", infer=_infer_partials, ref=_ref_partials, vjp=GRAD_ERR
        emit=_emit_partials,
        doc="Partial all-finite flags of several tensors (1 per interleaved slice), for the "
            "step guard.")
+
+
+def _ref_sumsq_partials(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    width = node.shape[0]
+    out = np.zeros(width, dtype=np.float64)
+    for x in args:
+        flat = np.asarray(x, np.float64).reshape(-1)
+        padded = np.zeros(-(-flat.size // width) * width)
+        padded[:flat.size] = flat
+        out += (padded.reshape(-1, width) ** 2).sum(axis=0)
+    return out.astype(args[0].dtype)
+
+
+def _emit_sumsq_partials(ctx: EmitContext) -> Kernel:
+    width = ctx.node.shape[0]
+    lines = ["  var acc = 0.0f;"]
+    for k, node in enumerate(ctx.inputs):
+        lines.append(f"  for (var e = i; e < {w.u(node.size)}; e = e + {w.u(width)}) "
+                     f"{{ let x = in{k}[e]; acc = acc + x * x; }}")
+    lines.append("  out[i] = acc;")
+    return w.thread_kernel(ctx, "\n".join(lines), width)
+
+
+define("sumsq_partials", infer=_infer_partials, ref=_ref_sumsq_partials, vjp=GRAD_ERROR,
+       emit=_emit_sumsq_partials,
+       doc="Partial sums of squares of several tensors (1 per interleaved slice): the first "
+           "stage of a parallel gradient norm.")
+
+
+def sumsq_total(xs: Sequence[Tensor]) -> Tensor:
+    """Σ x² over all of `xs` (0-d), in parallel: interleaved partial sums, then their sum."""
+    partials = [record("sumsq_partials", list(xs[k:k + MAX_GUARD_INPUTS]))
+                for k in range(0, len(xs), MAX_GUARD_INPUTS)]
+    from .reduce import sum as reduce_sum
+
+    return grad_norm_total([(reduce_sum(p), "raw") for p in partials])
 
 
 def _infer_step_ok(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
@@ -654,4 +691,4 @@ def sgd_update_p(p: Tensor, lr: Tensor, g: Tensor | None = None, v: Tensor | Non
 
 
 __all__ = ["adam_moments", "adam_update_p", "grad_norm_total", "grad_sumsq", "guard_width",
-           "sgd_update_p", "sgd_velocity", "step_ok"]
+           "sgd_update_p", "sgd_velocity", "step_ok", "sumsq_total"]

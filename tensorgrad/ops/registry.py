@@ -24,6 +24,9 @@ RefFn = Callable[[Sequence[Any], Node], Any]
 # vjp(inputs, out, dy, attrs) -> one cotangent Tensor (or None) per input.
 VjpFn = Callable[[Sequence[Tensor], Tensor, Tensor, dict[str, Any]], Sequence[Tensor | None]]
 EmitFn = Callable[[EmitContext], Kernel]
+# view(node, input) -> the byte offset at which the node's output lies in input 0's bytes, or
+# None when, for these shapes, it does not (then the op's kernel runs).
+ViewFn = Callable[[Node, Node], int | None]
 # expr(node) -> WGSL expression of one output element in terms of a0, a1, ... (the inputs
 # read at the same, broadcast, index). Ops with an expr are elementwise and fusable.
 ExprFn = Callable[[Node], str]
@@ -44,10 +47,12 @@ class OpDef:
     doc: str = ""
     expr: ExprFn | None = None
     prelude: str = ""  # WGSL helper functions the expr needs
-    # The output is input 0's bytes as they are (a reshape): the planner gives it input 0's
-    # buffer and no kernel runs, unless the output must have a buffer of its own (a gradient,
-    # an output, a capture), where `emit` copies.
-    alias: bool = False
+    # Layout ops run no kernel where the buffer plan can arrange the bytes instead. A view
+    # (reshape, a contiguous slice) reads input 0's buffer at the offset `view` gives; a pack
+    # places each input in its output's buffer at `attrs["offsets"]`. Where the plan cannot
+    # (the output needs a buffer of its own: a gradient, an output, a capture), `emit` runs.
+    view: ViewFn | None = None
+    pack: bool = False
 
 
 OPS: dict[str, OpDef] = {}
@@ -56,7 +61,7 @@ PUBLIC: dict[str, Callable[..., Any]] = {}
 
 def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
            emit: EmitFn | None = None, doc: str = "", expr: ExprFn | None = None,
-           prelude: str = "", alias: bool = False) -> OpDef:
+           prelude: str = "", view: ViewFn | None = None, pack: bool = False) -> OpDef:
     """Add a primitive to the op table (each name once). An elementwise op gives `expr`
     instead of `emit`: its kernel is derived, and the fusion pass can inline it."""
     if name in OPS:
@@ -64,7 +69,7 @@ def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
     if emit is None and expr is not None:
         def emit(ctx: EmitContext) -> Kernel:
             return elementwise(ctx, expr(ctx.node), prelude=prelude)
-    op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude, alias)
+    op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude, view, pack)
     OPS[name] = op
     return op
 

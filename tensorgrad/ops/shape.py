@@ -69,7 +69,8 @@ def _infer_reshape(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape
 define("reshape", infer=_infer_reshape,
        ref=lambda args, node: args[0].reshape(node.shape).copy(),
        vjp=lambda ins, out, dy, at: [reshape(dy, ins[0].shape)],
-       emit=lambda ctx: w.thread_kernel(ctx, "  out[i] = in0[i];"), alias=True,
+       emit=lambda ctx: w.thread_kernel(ctx, "  out[i] = in0[i];"),
+       view=lambda node, src: 0,
        doc="Same elements in row-major order, new shape (a view of the input's buffer; a "
            "copy only where the result needs a buffer of its own).")
 
@@ -202,10 +203,22 @@ def _emit_slice(ctx: EmitContext) -> Kernel:
     return w.thread_kernel(ctx, body)
 
 
+def _slice_view(node: Node, src: Node) -> int | None:
+    """A slice is a view when it is contiguous (every axis before `axis` has size 1) and
+    starts at a 256-byte boundary (WebGPU's storage binding alignment)."""
+    at = node.attrs
+    if any(d != 1 for d in src.shape[:at["axis"]]):
+        return None
+    offset = 4 * at["start"] * prod(src.shape[at["axis"] + 1:])
+    return offset if offset % 256 == 0 else None
+
+
 define("slice_range", infer=_infer_slice, ref=_ref_slice,
        vjp=lambda ins, out, dy, at: [scatter_axis(dy, ins[0].shape, at["axis"], at["start"],
                                                   at["end"])],
-       emit=_emit_slice, doc="x[..., start:end, ...] along `axis` (axis >= 0).")
+       emit=_emit_slice, view=_slice_view,
+       doc="x[..., start:end, ...] along `axis` (axis >= 0); a view when contiguous and "
+           "256-byte aligned.")
 
 
 def _infer_scatter(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:

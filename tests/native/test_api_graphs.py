@@ -19,8 +19,8 @@ import tensorgrad as tg
 from tensorgrad import compiler, runtime
 from tensorgrad.errors import DeviceLimitError, ShaderCompileError
 from tensorgrad.gpu.interface import DeviceLimits
-from tensorgrad.plan import plan_buffers
-from tests.models import DeepMLP, TinyMLP, grad_ids, param_writebacks
+from tensorgrad.plan import ARENA_KINDS, plan_buffers
+from tests.models import DeepMLP, TinyMLP, grad_ids, updated_params
 from tests.native.api_helpers import (
     B,
     bits,
@@ -469,7 +469,7 @@ async def _deep_run(device: Any, steps: int = 3, **kw: Any) -> tuple[list[float]
 def test_chunked_dispatch_is_bit_exact(gpu_device) -> None:
     async def go() -> None:
         base_losses, base_params, (kernels, _, _) = await _deep_run(gpu_device, chunk_size=0)
-        assert kernels > 100
+        assert kernels > 2 * 32  # at least three chunks at the largest chunk size below
         for cs in (1, 7, 32):
             losses, params, _ = await _deep_run(gpu_device, chunk_size=cs)
             assert losses == base_losses, f"chunk_size={cs}"
@@ -495,7 +495,7 @@ def test_liveness_reuse_changes_no_result(gpu_device, monkeypatch) -> None:
         flat_losses, flat_params, (_, flat_peak, flat_plan) = await _deep_run(gpu_device,
                                                                              chunk_size=0)
         monkeypatch.undo()
-        assert all(len(b.nodes) == 1 for b in flat_plan.buffers)
+        assert all(len(b.nodes) == 1 for b in flat_plan.buffers if b.kind not in ARENA_KINDS)
         assert peak < flat_peak, (peak, flat_peak)
         assert flat_peak == plan.unpooled_bytes
         assert losses == flat_losses
@@ -516,7 +516,7 @@ def test_deep_model_matches_reference_interpreter(gpu_device) -> None:
     async def go() -> None:
         train = await tg.compile(model=DeepMLP(), loss=deep_loss, inputs=DEEP_INPUTS,
                                  optimizer=tg.optim.Adam(lr=1e-2), seed=31, device=gpu_device)
-        assert train.kernel_count > 100
+        assert train.kernel_count > 64
         d = deep_data()
         p = await train.download_params()
         r = await train.step(**d)
@@ -528,12 +528,12 @@ def test_deep_model_matches_reference_interpreter(gpu_device) -> None:
         # the updated params are the reference's writeback sources (Adam's first step is
         # ~lr*sign(g): skip entries whose gradient is too small for its sign to be robust)
         new = await train.download_params()
-        updated = param_writebacks(train)
+        updated = updated_params(train, values)
         assert set(updated) == set(train.param_names)
         for name, gid in grad_ids(train).items():
             g = values[gid]
             ok = np.abs(g) > 1e-4 * np.max(np.abs(g))
-            np.testing.assert_allclose(new[name][ok], values[updated[name]][ok], rtol=1e-5,
+            np.testing.assert_allclose(new[name][ok], updated[name][ok], rtol=1e-5,
                                        atol=1e-6, err_msg=name)
         train.destroy()
 

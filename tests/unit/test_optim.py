@@ -25,6 +25,7 @@ from tensorgrad.autograd import append_grad
 from tensorgrad.errors import ShapeError
 from tensorgrad.gpu.interface import DeviceLimits
 from tensorgrad.ops import optim_ops as oo
+from tensorgrad.ops.arena import pack as oo_pack
 from tensorgrad.ops.registry import record
 from tensorgrad.reference import evaluate
 from tensorgrad.tensor import leaf, tracing
@@ -137,6 +138,14 @@ HUGE[650] = np.inf
 OK1, OK0 = Arg((), gen=np.float32(1.0)), Arg((), gen=np.float32(0.0))
 
 
+def _sumsq_partials(width, *xs):
+    out = np.zeros(width)
+    for x in xs:
+        for e, v in enumerate(np.asarray(x, np.float64).reshape(-1)):
+            out[e % width] += v * v
+    return out.astype(np.float32)
+
+
 def _flags(width, *xs):
     out = np.ones(width, bool)
     for x in xs:
@@ -181,8 +190,19 @@ CASES += [
          [G, G, G, S, S, S, OK0], np_fn=lambda p, *_: p, grad=False,
          name="guarded-skip-eight-bindings"),
 ]
+CASES += [
+    Case("pack", lambda a, b: oo_pack([a, b], (0, 64), 128), [G, Arg((5,))],
+         np_fn=lambda a, b: np.concatenate([a.reshape(-1), np.zeros(52), b, np.zeros(59)]),
+         grad=False),
+    Case("sumsq_partials", lambda a, b: record("sumsq_partials", [a, b]),
+         [G, Arg((700,))], np_fn=lambda a, b: _sumsq_partials(oo.guard_width([12, 700]), a, b),
+         grad=False),
+    Case("sumsq_partials", lambda *xs: oo.sumsq_total(list(xs)), [G] * 9 + [Arg((300,))],
+         np_fn=lambda *xs: sum(np.sum(np.float64(x) ** 2) for x in xs), grad=False,
+         name="total-of-10"),
+]
 COVERS = ["grad_sumsq", "grad_norm_total", "adam_moments", "adam_update_p", "sgd_velocity",
-          "sgd_update_p", "finite_partials", "step_ok"]
+          "sgd_update_p", "finite_partials", "step_ok", "sumsq_partials", "pack"]
 
 
 @pytest.mark.parametrize("case", params_for(CASES))
@@ -261,7 +281,7 @@ YS = RNG.standard_normal((STEPS, 5, 3)) * 2.0
 
 
 def build(config: optim.OptimizerConfig, decay: dict | None = None,
-          limits: DeviceLimits | None = None):
+          limits: DeviceLimits | None = None, arena: bool = False):
     with tracing() as st:
         x = leaf("input", "x", (5, 4))
         y = leaf("input", "y", (5, 3))
@@ -271,14 +291,16 @@ def build(config: optim.OptimizerConfig, decay: dict | None = None,
     graph = st.graph
     graph.outputs = [loss.id]
     grads = append_grad(graph, loss.id)
-    plan = optim.append_optimizer(graph, grads, config, decay, limits=limits)
+    plan = optim.append_optimizer(graph, grads, config, decay, limits=limits, arena=arena,
+                                  loss=loss.id if arena else None)
     return graph, loss.id, grads, plan
 
 
 def run_ours(config: optim.OptimizerConfig, decay: dict | None = None,
              lr_at: Callable[[int], Any] | None = None, float_dtype: Any = np.float64,
-             limits: DeviceLimits | None = None) -> tuple[dict, list[float]]:
-    graph, loss, _, plan = build(config, decay, limits)
+             limits: DeviceLimits | None = None, arena: bool = False
+             ) -> tuple[dict, list[float]]:
+    graph, loss, _, plan = build(config, decay, limits, arena)
     params = {"p1": P1.copy(), "p2": P2.copy()}
     states: dict[str, np.ndarray] = {}
     losses = []
@@ -287,8 +309,18 @@ def run_ours(config: optim.OptimizerConfig, decay: dict | None = None,
         feeds = {**params, **states, "x": XS[t - 1], "y": YS[t - 1], **scalars}
         values = evaluate(graph, feeds, float_dtype=float_dtype)
         losses.append(float(values[loss]))
+        packed = None
         for wb in plan.writebacks:
-            (params if wb.kind == "param" else states)[wb.dest] = values[wb.source]
+            if wb.kind == "node":  # a range of the param arena
+                packed = values[wb.dest].copy() if packed is None else packed
+                start = wb.offset // 4
+                packed[start:start + values[wb.source].size] = values[wb.source]
+            else:
+                (params if wb.kind == "param" else states)[wb.dest] = values[wb.source]
+        if packed is not None:
+            for name, offset in plan.layout.items():
+                size = params[name].size
+                params[name] = packed[offset:offset + size].reshape(params[name].shape)
     return params, losses
 
 
@@ -374,6 +406,32 @@ TRAJECTORIES = {
         lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
         {"normalize": ("p1", "p2")}),
 }
+
+
+ARENA = ["adam", "adamw-filter", "adamw-flags-win", "sgd-nesterov-decay",
+         "sgd-decay-bias-not-decayed", "adam-clip", "sgd-momentum-clip"]
+
+
+@pytest.mark.parametrize("name", ARENA)
+def test_arena_trajectory_matches_torch(name: str) -> None:
+    """Params and grads packed into arenas, one update per decay group: the same steps."""
+    config, decay, make_opt, kw = TRAJECTORIES[name]
+    assert_same(run_ours(config, decay, arena=True), run_torch(make_opt, **kw))
+
+
+def test_arena_groups_and_layout() -> None:
+    config = optim.AdamW(0.05, weight_decay=0.1, decay_filter="p2", clip_grad_norm=1.0)
+    graph, _, _, plan = build(config, arena=True)
+    assert plan.layout == {"p2": 0, "p1": 64} and plan.arena_size == 128  # decayed first
+    ops = [n.op for n in graph.nodes]
+    assert ops.count("pack") == 2 and ops.count("adam_update_p") == 2  # one per group
+    assert ops.count("adam_moments") == 2 and "sum_last" in ops  # clip: a parallel norm
+    assert ops.count("sumsq_partials") == 1 and ops.count("step_ok") == 1
+    kinds = [wb.kind for wb in plan.writebacks]
+    assert kinds.count("node") == 2 and kinds.count("state") == 2
+    # normalize_grads needs each param's own norm: no arena then
+    _, _, _, plain = build(optim.Adam(0.1, normalize_grads=True), arena=True)
+    assert plain.layout is None
 
 
 def test_every_optimizer_kind_has_a_torch_trajectory() -> None:

@@ -101,7 +101,7 @@ def test_simulated_execution_with_reuse_matches_evaluate() -> None:
         assert buf.kind == "param_grad" and buf.nodes == (gid,)
 
 
-VIEWS = frozenset({"reshape"})
+VIEWS = {"reshape": OPS["reshape"]}
 
 
 def test_reshapes_are_views_of_their_input_unless_they_need_their_own_buffer() -> None:
@@ -117,7 +117,7 @@ def test_reshapes_are_views_of_their_input_unless_they_need_their_own_buffer() -
     graph.outputs = [loss.id]
     graph.captures["kept"] = kept.id
     grads = append_grad(graph, loss.id)
-    plan = plan_buffers(graph, grads=grads, view_ops=VIEWS)
+    plan = plan_buffers(graph, grads=grads, layout_ops=VIEWS)
     check_plan(graph, plan)
     reshapes = [n.id for n in graph.nodes if n.op == "reshape"]
     assert kept.id not in plan.views and set(plan.views) == set(reshapes) - {kept.id}
