@@ -1,11 +1,17 @@
-"""Elementwise fusion: inline chains of elementwise ops into one kernel.
+"""Elementwise fusion: inline chains of elementwise ops (and the reshapes between them) into
+one kernel.
 
-A node is inlined into its consumer when both are elementwise (their op has an `expr`), the
-node has exactly one use and nothing outside the graph reads it (outputs, captures, param
-gradients, writeback sources stay materialised). Each group becomes one `fused` node whose
-kernel evaluates the whole expression tree per output element. Right-aligned broadcasting
-composes, so every external input of a group is read with one broadcast index relative to
-the group's output shape. Runs after autograd and the optimizer, so `fused` needs no VJP.
+Groups grow backwards from a root (an elementwise op whose result someone needs), taking in
+producers that are elementwise (their op has an `expr`) or reshapes, while nothing outside
+the graph needs them (outputs, captures, param gradients, writeback sources stay
+materialised) and every other user of the producer is in the group too. A cheap producer (one
+elementwise op on materialised inputs, such as a bias add) may also be recomputed inside a
+group when it has users elsewhere; it then stays materialised for them, or vanishes when
+every user recomputes it. Each group becomes one `fused` node whose kernel evaluates the
+whole expression per output element: every node is evaluated at an index of its own shape,
+derived from its consumer's by right-aligned broadcasting (or unchanged through a reshape),
+and each external input is read at that index. Runs after autograd and the optimizer, so
+`fused` needs no VJP.
 """
 
 from __future__ import annotations
@@ -41,8 +47,50 @@ class FusedProgram:
         return show_node(self.nodes[-1])
 
 
-def _fusable(node: Node) -> bool:
+def _elementwise(node: Node) -> bool:
     return node.op not in LEAF_OPS and OPS[node.op].expr is not None
+
+
+def _fusable(node: Node) -> bool:
+    return _elementwise(node) or node.op == "reshape"
+
+
+def _cheap(graph: Graph, node: Node) -> bool:
+    """Worth recomputing in each group that reads it: one elementwise op on at most two
+    inputs (which the group then reads)."""
+    return _elementwise(node) and len(node.inputs) <= 2
+
+
+def _grow(graph: Graph, root: Node, users: list[list[int]], protected: set[int],
+          max_inputs: int) -> tuple[list[int], list[int], set[int]]:
+    """The members of root's group (topological order), its external inputs, and which
+    members are recomputed copies (their node is needed elsewhere too)."""
+    group, recomputed = {root.id}, set()
+    changed = True
+    while changed:
+        changed = False
+        frontier = sorted({i for m in group for i in graph[m].inputs} - group, reverse=True)
+        for cand in frontier:
+            node = graph[cand]
+            if cand in protected or not _fusable(node) or len(group) >= MAX_GROUP_OPS:
+                continue
+            own = all(u in group for u in users[cand])
+            if not own and not _cheap(graph, node):
+                continue
+            trial = group | {cand}
+            if len(_externals(graph, trial)) > max_inputs:
+                continue
+            group = trial
+            if not own:
+                recomputed.add(cand)
+            changed = True
+    members = sorted(group)
+    return members, _externals(graph, group), recomputed
+
+
+def _externals(graph: Graph, group: set[int]) -> list[int]:
+    return list(dict.fromkeys(i for m in sorted(group) for i in graph[m].inputs
+                              if i not in group))
 
 
 def fuse_elementwise(graph: Graph, protected: Iterable[int], max_inputs: int = 7
@@ -51,57 +99,76 @@ def fuse_elementwise(graph: Graph, protected: Iterable[int], max_inputs: int = 7
     for every surviving node (group roots map to their fused node)."""
     protected = set(protected) | set(graph.outputs) | set(graph.captures.values())
     users = graph.users()
-    group_of: dict[int, int] = {}          # member id -> root id
-    members: dict[int, list[int]] = {}     # root id -> member ids (topological order)
-    externals: dict[int, list[int]] = {}   # root id -> external input ids
+    groups: dict[int, tuple[list[int], list[int]]] = {}  # root -> (members, externals)
+    inlined: set[int] = set()  # nodes that live only inside groups
 
     for root in reversed(graph.nodes):
-        if root.id in group_of or not _fusable(root):
+        if root.id in inlined or root.id in groups or not _elementwise(root):
             continue
-        group, ext = [root.id], list(dict.fromkeys(root.inputs))
-        stack = list(root.inputs)
-        while stack:
-            cand = stack.pop()
-            node = graph[cand]
-            if (cand in group_of or cand in group or cand in protected or not _fusable(node)
-                    or len(users[cand]) != 1 or len(group) >= MAX_GROUP_OPS):
-                continue
-            new_ext = [i for i in ext if i != cand]
-            new_ext += [i for i in dict.fromkeys(node.inputs) if i not in new_ext]
-            if len(new_ext) > max_inputs:
-                continue
-            group.append(cand)
-            ext = new_ext
-            stack.extend(node.inputs)
-        for m in group:
-            group_of[m] = root.id
-        members[root.id] = sorted(group)
-        externals[root.id] = ext
+        members, ext, recomputed = _grow(graph, root, users, protected, max_inputs)
+        if len(members) == 1:
+            continue
+        groups[root.id] = (members, ext)
+        inlined.update(m for m in members if m != root.id and m not in recomputed)
+
+    # A node some group reads from outside (a recomputed node's inputs) or some kept node
+    # reads must exist on its own: walking backwards, such a node is kept, and so are its
+    # own inputs in turn.
+    for node in reversed(graph.nodes):
+        if node.id in inlined:
+            continue
+        reads = groups[node.id][1] if node.id in groups else node.inputs
+        inlined.difference_update(reads)
 
     out = Graph()
     remap: dict[int, int] = {}
     for node in graph.nodes:
-        root = group_of.get(node.id)
-        if root is not None and root != node.id:
-            continue  # inlined into its group's root
-        if root is None or len(members[root]) == 1:
-            new = out.add(node.op, tuple(remap[i] for i in node.inputs), node.attrs,
-                          node.shape, node.dtype, node.site)
-        else:
-            ext = externals[root]
-            local = {m: k for k, m in enumerate(members[root])}
+        if node.id in inlined:
+            continue
+        if node.id in groups:
+            members, ext = groups[node.id]
+            local = {m: k for k, m in enumerate(members)}
             program = FusedProgram(tuple(
                 Node(local[m], graph[m].op,
                      tuple(local[i] if i in local else -(ext.index(i) + 1)
                            for i in graph[m].inputs),
                      graph[m].attrs, graph[m].shape, graph[m].dtype)
-                for m in members[root]))
+                for m in members))
             new = out.add("fused", tuple(remap[i] for i in ext), {"program": program},
+                          node.shape, node.dtype, node.site)
+        else:
+            new = out.add(node.op, tuple(remap[i] for i in node.inputs), node.attrs,
                           node.shape, node.dtype, node.site)
         remap[node.id] = new.id
     out.outputs = [remap[i] for i in graph.outputs]
     out.captures = {k: remap[v] for k, v in graph.captures.items()}
-    return out, remap
+    # A recomputed node survives only where some node still reads it.
+    return _drop_unread(out, remap, protected)
+
+
+def _drop_unread(out: Graph, remap: dict[int, int], protected: set[int]
+                 ) -> tuple[Graph, dict[int, int]]:
+    """The graph without the non-leaf nodes that nothing reads or keeps."""
+    readers = [0] * len(out.nodes)
+    for n in out.nodes:
+        for i in n.inputs:
+            readers[i] += 1
+    keep_new = {remap[i] for i in protected if i in remap}
+    dead = {n.id for n in out.nodes if readers[n.id] == 0 and n.op not in LEAF_OPS
+            and n.id not in keep_new and n.id not in out.outputs
+            and n.id not in out.captures.values()}
+    if not dead:
+        return out, remap
+    final = Graph()
+    renum: dict[int, int] = {}
+    for n in out.nodes:
+        if n.id in dead:
+            continue
+        renum[n.id] = final.add(n.op, tuple(renum[i] for i in n.inputs), n.attrs, n.shape,
+                                n.dtype, n.site).id
+    final.outputs = [renum[i] for i in out.outputs]
+    final.captures = {k: renum[v] for k, v in out.captures.items()}
+    return final, {old: renum[new] for old, new in remap.items() if new in renum}
 
 
 # ---- the `fused` op ---------------------------------------------------------------------
@@ -112,27 +179,56 @@ def _infer_fused(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, 
 
 
 def _ref_fused(args: Sequence[Any], node: Node) -> Any:
+    """Each inlined node's reference, its value cast as the unfused graph would hold it (the
+    float type of the inputs for f32), so that fusion changes no bit of the result."""
+    import numpy as np
+
+    floats = [np.asarray(a).dtype for a in args if np.asarray(a).dtype.kind == "f"]
+    types = {"f32": floats[0] if floats else np.float32, "i32": np.int32, "bool": np.bool_}
     values: list[Any] = []
     for n in node.attrs["program"].nodes:
         operands = [args[-r - 1] if r < 0 else values[r] for r in n.inputs]
-        values.append(OPS[n.op].ref(operands, n))
+        values.append(np.asarray(OPS[n.op].ref(operands, n)).astype(types[n.dtype],
+                                                                    copy=False))
     return values[-1]
 
 
 def _emit_fused(ctx: EmitContext) -> Kernel:
+    """Evaluate the program at `i` (the output's flat index); each node's operands at their
+    own index (broadcast from the node's, or the same through a reshape), memoised per
+    (operand, index) so that shared subexpressions are computed once."""
     program: FusedProgram = ctx.node.attrs["program"]
-    lines = [f"  let x{k} = in{k}[{w.broadcast_index(ctx.node.shape, n.shape)}];"
-             for k, n in enumerate(ctx.inputs)]
+    lines: list[str] = []
     preludes: list[str] = []
-    for n in program.nodes:
-        op = OPS[n.op]
-        names = [f"x{-r - 1}" if r < 0 else f"v{r}" for r in n.inputs]
-        expr = _OPERAND.sub(lambda m, names=names: names[int(m.group(1))],
-                            op.expr(n))  # type: ignore[misc]
-        lines.append(f"  let v{n.id} = {expr};")
-        if op.prelude and op.prelude not in preludes:
-            preludes.append(op.prelude)
-    lines.append(f"  out[i] = v{program.nodes[-1].id};")
+    names: dict[tuple[int, str], str] = {}
+
+    def shape_of(ref: int) -> Shape:
+        return ctx.inputs[-ref - 1].shape if ref < 0 else program.nodes[ref].shape
+
+    def value(ref: int, index: str) -> str:
+        key = (ref, index)
+        if key in names:
+            return names[key]
+        if ref < 0:
+            text = f"in{-ref - 1}[{index}]"
+        else:
+            n = program.nodes[ref]
+            if n.op == "reshape":
+                names[key] = value(n.inputs[0], index)
+                return names[key]
+            operands = [value(r, w.broadcast_index(n.shape, shape_of(r), index))
+                        for r in n.inputs]
+            op = OPS[n.op]
+            text = _OPERAND.sub(lambda m: operands[int(m.group(1))], op.expr(n))  # type: ignore[misc]
+            if op.prelude and op.prelude not in preludes:
+                preludes.append(op.prelude)
+        name = f"v{len(names)}"
+        lines.append(f"  let {name} = {text};")
+        names[key] = name
+        return name
+
+    result = value(len(program.nodes) - 1, "i")
+    lines.append(f"  out[i] = {result};")
     return w.thread_kernel(ctx, "\n".join(lines), prelude="\n".join(preludes))
 
 

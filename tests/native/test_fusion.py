@@ -20,6 +20,10 @@ FUSION_CASES = [c for c in CASES if c.grad] + [
          name="broadcast-erf"),
     Case("where", lambda x, y: tg.where(x > y, tg.exp(x), -y) + 2.0,
          [Arg((3, 1, 4)), Arg((2, 4))], name="bool-3d"),
+    Case("reshape", lambda x, b: tg.exp(tg.reshape(tg.relu(x), (4, 3)) + b) * 0.5,
+         [Arg((2, 6)), Arg((3,))], name="through-a-reshape"),
+    Case("reshape", lambda x, y: tg.reshape(tg.sin(x) * y, (24,)) - 1.0,
+         [Arg((3, 2, 4)), Arg((2, 4))], name="broadcast-then-reshape"),
 ]
 
 
