@@ -36,6 +36,15 @@ class Node:
     def nbytes(self) -> int:
         return 4 * self.size
 
+    @property
+    def label(self) -> str:
+        """The op's name, for messages; a fused node names the ops it holds."""
+        if self.op != "fused":
+            return self.op
+        inner = dict.fromkeys(n.op for n in self.attrs["program"].nodes
+                              if n.op not in ("reshape", "broadcast_to"))
+        return f"fused({', '.join(inner)})"
+
     def describe(self) -> str:
         args = ", ".join(f"%{i}" for i in self.inputs)
         attrs = ", ".join(f"{k}={v!r}" for k, v in self.attrs.items())
@@ -90,3 +99,33 @@ class Graph:
         if self.captures:
             lines.append("captures: " + ", ".join(f"{k}=%{v}" for k, v in self.captures.items()))
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class FusedProgram:
+    """The nodes one `fused` kernel evaluates, in evaluation order (made by the fusion and
+    stitching passes). A local node's inputs are local indices (>= 0) or external inputs
+    encoded as -(k + 1) for input k of the fused node; the last node is the result.
+
+    Every node is elementwise or a layout op (reshape, permute), except at most one *core*:
+    an op with a kernel of its own (a matmul, a reduction) whose inputs the nodes before it
+    compute on the fly (its prologues) and whose result the nodes after it transform as it
+    is written (its epilogue)."""
+
+    nodes: tuple[Node, ...]
+
+    def core(self, is_core: Any) -> int | None:
+        """Local index of the node for which `is_core(node)` holds (None: none)."""
+        found = [n.id for n in self.nodes if is_core(n)]
+        if len(found) > 1:
+            raise ValueError(f"a fused program has one core at most, got {len(found)}")
+        return found[0] if found else None
+
+    def __repr__(self) -> str:
+        def show(ref: int) -> str:
+            return f"x{-ref - 1}" if ref < 0 else show_node(self.nodes[ref])
+
+        def show_node(n: Node) -> str:
+            return f"{n.op}({', '.join(show(r) for r in n.inputs)})"
+        return show_node(self.nodes[-1])
+

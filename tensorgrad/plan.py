@@ -116,7 +116,7 @@ def _mib(n: int) -> str:
 def _describe(node: Node) -> str:
     if node.op in LEAF_OPS:
         return f"{node.op} '{node.attrs['name']}' {node.dtype}{list(node.shape)}"
-    return f"the result of {node.op} (%{node.id}), {node.dtype}{list(node.shape)}"
+    return f"the result of {node.label} (%{node.id}), {node.dtype}{list(node.shape)}"
 
 
 def check_limits(graph: Graph, limits: DeviceLimits, no_kernel: Iterable[int] = ()) -> None:
@@ -131,13 +131,13 @@ def check_limits(graph: Graph, limits: DeviceLimits, no_kernel: Iterable[int] = 
         if node.op not in LEAF_OPS and node.id not in no_kernel and \
                 len(node.inputs) + 1 > per_stage:
             raise DeviceLimitError(
-                node.op, f"%{node.id} binds {len(node.inputs)} inputs and its output, more "
+                node.label, f"%{node.id} binds {len(node.inputs)} inputs and its output, more "
                 f"than the device's max_storage_buffers_per_shader_stage of {per_stage}",
                 site=node.site)
         for limit_name, cap in caps:
             if node.nbytes > cap:
                 raise DeviceLimitError(
-                    node.op, f"{_describe(node)} needs {node.nbytes:,} bytes, more than the "
+                    node.label, f"{_describe(node)} needs {node.nbytes:,} bytes, more than the "
                     f"device's {limit_name} of {cap:,} bytes; use a smaller batch size (or "
                     "smaller inputs / layers) so that every tensor fits", site=node.site)
 

@@ -60,7 +60,7 @@ class DeepMLP(tg.Module):
     Weights are randn(`scale`): the default 0.4 keeps activations O(1) through all layers;
     the library default 0.02 shrinks them ~20x per layer (to ~1e-14 at layer 12)."""
 
-    def __init__(self, width: int = 8, depth: int = 12, scale: float = 0.4) -> None:
+    def __init__(self, width: int = 8, depth: int = 16, scale: float = 0.4) -> None:
         self.layers = [tg.Linear(width, width, init=tg.init.randn(scale))
                        for _ in range(depth)]
 

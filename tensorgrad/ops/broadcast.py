@@ -12,7 +12,7 @@ from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import Node, Shape
 from ..tensor import Tensor
-from .registry import define, record
+from .registry import Stitch, define, record
 
 
 def _infer_broadcast_to(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
@@ -59,7 +59,8 @@ define("broadcast_to", infer=_infer_broadcast_to,
        expr=lambda node: "a0", doc="Repeat size-1 / missing leading axes up to `shape`.")
 define("sum_to_shape", infer=_infer_sum_to_shape, ref=_ref_sum_to_shape,
        vjp=lambda ins, out, dy, attrs: [broadcast_to(dy, ins[0].shape)],
-       emit=_emit_sum_to_shape, doc="Sum the axes broadcasting added, down to `shape`.")
+       emit=_emit_sum_to_shape, doc="Sum the axes broadcasting added, down to `shape`.",
+       stitch=Stitch(prologue=(0,), epilogue=True))
 
 
 def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:

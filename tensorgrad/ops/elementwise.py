@@ -354,7 +354,7 @@ IS_NAN_WGSL = """fn is_nan(x: f32) -> bool {
   return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
 }"""
 relu = _unary("relu", lambda x: _np().maximum(x, 0), "select(max(a0, 0.0f), a0, is_nan(a0))",
-              lambda i, c, dy, at: [record("relu_grad", [i[0], dy])], "max(x, 0)",
+              lambda i, c, dy, at: [record("relu_grad", [c, dy])], "max(x, 0)",
               prelude=IS_NAN_WGSL)
 
 
@@ -365,10 +365,12 @@ def _infer_relu_grad(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Sha
     return x.shape, "f32"
 
 
+# relu_grad reads relu's output (y > 0 exactly where x > 0, NaN in neither), so the backward
+# needs no pre-activation: a bias add + relu can then be a matmul's epilogue.
 define("relu_grad", infer=_infer_relu_grad,
        ref=lambda args, node: _np().where(args[0] > 0, args[1], 0),
        vjp="grad_error", expr=lambda node: "select(0.0f, a1, a0 > 0.0f)",
-       doc="dy where x > 0, else 0")
+       doc="dy where y > 0, else 0 (y: relu's output or input)")
 
 
 def _infer_same(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:

@@ -19,7 +19,7 @@ from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import Node, Shape
 from ..tensor import Tensor
-from .registry import define, public, record
+from .registry import Stitch, define, public, record
 from .rules import require_dtype
 
 
@@ -363,10 +363,15 @@ def _emit(ctx: EmitContext) -> Kernel:
     return emit_matmul(ctx, spec, choose_variant(spec, prefer_tiled=not ctx.target.software))
 
 
+# Each operand element is read many times (once per output row or column tile), so a
+# prologue is held to one arithmetic op (a permute, a scale, a relu mask).
+MATMUL_STITCH = Stitch(prologue=(0, 1), prologue_ops=1, epilogue=True)
 define("matmul", infer=_infer_matmul, ref=_ref_matmul, vjp=_vjp_matmul, emit=_emit,
-       doc="[..., M, K] @ [K, N] -> [..., M, N] (lhs leading dims flattened into rows).")
+       doc="[..., M, K] @ [K, N] -> [..., M, N] (lhs leading dims flattened into rows).",
+       stitch=MATMUL_STITCH)
 define("matmul_batched", infer=_infer_matmul_batched, ref=_ref_matmul, vjp=_vjp_matmul,
-       emit=_emit, doc="[..., M, K] @ [..., K, N] -> [..., M, N] with equal batch dims.")
+       emit=_emit, doc="[..., M, K] @ [..., K, N] -> [..., M, N] with equal batch dims.",
+       stitch=MATMUL_STITCH)
 
 
 @public

@@ -21,7 +21,7 @@ from ..ir import Node, Shape
 from ..tensor import Tensor
 from .broadcast import broadcast_to
 from .elementwise import exp, mul, mul_scalar, neg, sub
-from .registry import NO_GRAD, define, public, record
+from .registry import NO_GRAD, Stitch, define, public, record
 from .rules import normalize_axis, require_dtype
 from .shape import move_to_last, reshape, swap_axes
 
@@ -92,12 +92,14 @@ def _infer_mean_last(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Sha
 define("sum_last", infer=_infer_last("sum_last", keep=False),
        ref=lambda args, node: _np().sum(args[0], axis=-1),
        vjp=lambda ins, out, dy, at: [broadcast_to(_keep_last(dy, ins[0].shape), ins[0].shape)],
-       emit=_emit_sum_last, doc="Sum over the last axis, dropping it: [..., D] -> [...].")
+       emit=_emit_sum_last, doc="Sum over the last axis, dropping it: [..., D] -> [...].",
+       stitch=Stitch(prologue=(0,), epilogue=True))
 define("mean_last", infer=_infer_mean_last,
        ref=lambda args, node: _np().mean(args[0], axis=-1, keepdims=True),
        vjp=lambda ins, out, dy, at: [mul_scalar(broadcast_to(dy, ins[0].shape),
                                                 1.0 / ins[0].shape[-1])],
-       emit=_emit_mean_last, doc="Mean over the last axis, kept: [..., D] -> [..., 1].")
+       emit=_emit_mean_last, doc="Mean over the last axis, kept: [..., D] -> [..., 1].",
+       stitch=Stitch(prologue=(0,), epilogue=True))
 
 
 def _reduce_axis(op: str, x: Tensor, axis: int | None) -> tuple[Tensor, int | None]:
@@ -271,14 +273,18 @@ def _vjp_softmax_causal(ins: Sequence[Tensor], out: Tensor, dy: Tensor,
     return [mul(sub(dy, inner), out)]
 
 
+# Row kernels read each element three times (max, sum, write): small prologues only.
+ROW_STITCH = Stitch(prologue=(0,), prologue_ops=2, epilogue=True)
 define("log_softmax_last", infer=_infer_last("log_softmax_last", keep=True),
        ref=_ref_log_softmax, vjp=_vjp_log_softmax,
        emit=lambda ctx: _emit_softmax_rows(ctx, causal=False),
-       doc="x - logsumexp(x) over the last axis (max-subtracted, max starts at -1e30).")
+       doc="x - logsumexp(x) over the last axis (max-subtracted, max starts at -1e30).",
+       stitch=ROW_STITCH)
 define("softmax_causal_last", infer=_infer_last("softmax_causal_last", keep=True, square=True),
        ref=_ref_softmax_causal, vjp=_vjp_softmax_causal,
        emit=lambda ctx: _emit_softmax_rows(ctx, causal=True),
-       doc="Softmax of row q over columns 0..q of a [..., T, T] tensor; later columns 0.")
+       doc="Softmax of row q over columns 0..q of a [..., T, T] tensor; later columns 0.",
+       stitch=ROW_STITCH)
 
 
 def _on_last(op: str, x: Tensor, axis: int, prim: str) -> Tensor:

@@ -36,6 +36,22 @@ GRAD_ERROR = "grad_error"    # differentiating through it is an error (backward/
 
 
 @dataclass(frozen=True)
+class Stitch:
+    """How the stitching pass may merge elementwise work into an op's kernel.
+
+    `prologue`: input slots that the kernel reads only as `in{slot}[index]`, so a producer's
+    elementwise program can be evaluated at each read instead of being stored; `prologue_ops`
+    caps the arithmetic nodes of such a program (a kernel that reads each element many times,
+    a matmul, recomputes it at every read; None: no cap). `epilogue`: the kernel writes each
+    output element once, as `out[index] = value;`, and never reads `out`, so an elementwise
+    consumer can be applied to the value as it is written."""
+
+    prologue: tuple[int, ...] = ()
+    prologue_ops: int | None = None
+    epilogue: bool = False
+
+
+@dataclass(frozen=True)
 class OpDef:
     """Everything about one primitive op kind."""
 
@@ -53,6 +69,7 @@ class OpDef:
     # (the output needs a buffer of its own: a gradient, an output, a capture), `emit` runs.
     view: ViewFn | None = None
     pack: bool = False
+    stitch: Stitch | None = None
 
 
 OPS: dict[str, OpDef] = {}
@@ -61,7 +78,8 @@ PUBLIC: dict[str, Callable[..., Any]] = {}
 
 def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
            emit: EmitFn | None = None, doc: str = "", expr: ExprFn | None = None,
-           prelude: str = "", view: ViewFn | None = None, pack: bool = False) -> OpDef:
+           prelude: str = "", view: ViewFn | None = None, pack: bool = False,
+           stitch: Stitch | None = None) -> OpDef:
     """Add a primitive to the op table (each name once). An elementwise op gives `expr`
     instead of `emit`: its kernel is derived, and the fusion pass can inline it."""
     if name in OPS:
@@ -69,7 +87,7 @@ def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
     if emit is None and expr is not None:
         def emit(ctx: EmitContext) -> Kernel:
             return elementwise(ctx, expr(ctx.node), prelude=prelude)
-    op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude, view, pack)
+    op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude, view, pack, stitch)
     OPS[name] = op
     return op
 

@@ -2,49 +2,31 @@
 one kernel.
 
 Groups grow backwards from a root (an elementwise op whose result someone needs), taking in
-producers that are elementwise (their op has an `expr`) or reshapes, while nothing outside
+producers that are elementwise (their op has an `expr`), reshapes or permutes, while nothing outside
 the graph needs them (outputs, captures, param gradients, writeback sources stay
 materialised) and every other user of the producer is in the group too. A cheap producer (one
 elementwise op on materialised inputs, such as a bias add) may also be recomputed inside a
 group when it has users elsewhere; it then stays materialised for them, or vanishes when
 every user recomputes it. Each group becomes one `fused` node whose kernel evaluates the
 whole expression per output element: every node is evaluated at an index of its own shape,
-derived from its consumer's by right-aligned broadcasting (or unchanged through a reshape),
-and each external input is read at that index. Runs after autograd and the optimizer, so
+derived from its consumer's by right-aligned broadcasting (unchanged through a reshape,
+moved through a permute), and each external input is read at that index
+(:mod:`tensorgrad.codegen.program`). Runs after autograd and the optimizer, so
 `fused` needs no VJP.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import tensorgrad.codegen.wgsl as w
-
 from ..codegen.kernel import EmitContext, Kernel
-from ..ir import LEAF_OPS, Graph, Node, Shape
+from ..codegen.program import emit_program
+from ..ir import LEAF_OPS, FusedProgram, Graph, Node, Shape
 from ..ops.registry import GRAD_ERROR, OPS, define
 
 MAX_GROUP_OPS = 64
-_OPERAND = re.compile(r"\ba(\d+)\b")
-
-
-@dataclass(frozen=True)
-class FusedProgram:
-    """The inlined nodes of one group in evaluation order. A local node's inputs are local
-    indices (>= 0) or external inputs encoded as -(k + 1) for input k of the fused node."""
-
-    nodes: tuple[Node, ...]
-
-    def __repr__(self) -> str:
-        def show(ref: int) -> str:
-            return f"x{-ref - 1}" if ref < 0 else show_node(self.nodes[ref])
-
-        def show_node(n: Node) -> str:
-            return f"{n.op}({', '.join(show(r) for r in n.inputs)})"
-        return show_node(self.nodes[-1])
+MAX_INPUTS = 7  # storage bindings per kernel: 8 (WebGPU's default limit), one for the output
 
 
 def _elementwise(node: Node) -> bool:
@@ -52,13 +34,16 @@ def _elementwise(node: Node) -> bool:
 
 
 def _fusable(node: Node) -> bool:
-    return _elementwise(node) or node.op == "reshape"
+    return _elementwise(node) or node.op in ("reshape", "permute")
 
 
-def _cheap(graph: Graph, node: Node) -> bool:
+def _cheap(graph: Graph, node: Node, users: list[int]) -> bool:
     """Worth recomputing in each group that reads it: one elementwise op on at most two
-    inputs (which the group then reads)."""
-    return _elementwise(node) and len(node.inputs) <= 2
+    inputs (which the group then reads), all of whose readers are elementwise, so that it
+    can vanish. (One that a matmul or a reduction reads stays stored anyway: recomputing it
+    would only keep its inputs alive.)"""
+    return (_elementwise(node) and len(node.inputs) <= 2
+            and all(_fusable(graph[u]) for u in users))
 
 
 def _grow(graph: Graph, root: Node, users: list[list[int]], protected: set[int],
@@ -75,7 +60,7 @@ def _grow(graph: Graph, root: Node, users: list[list[int]], protected: set[int],
             if cand in protected or not _fusable(node) or len(group) >= MAX_GROUP_OPS:
                 continue
             own = all(u in group for u in users[cand])
-            if not own and not _cheap(graph, node):
+            if not own and not _cheap(graph, node, users[cand]):
                 continue
             trial = group | {cand}
             if len(_externals(graph, trial)) > max_inputs:
@@ -93,7 +78,7 @@ def _externals(graph: Graph, group: set[int]) -> list[int]:
                               if i not in group))
 
 
-def fuse_elementwise(graph: Graph, protected: Iterable[int], max_inputs: int = 7
+def fuse_elementwise(graph: Graph, protected: Iterable[int], max_inputs: int = MAX_INPUTS
                      ) -> tuple[Graph, dict[int, int]]:
     """A new graph with elementwise groups fused; returns it and the map old id -> new id
     for every surviving node (group roots map to their fused node)."""
@@ -143,20 +128,21 @@ def fuse_elementwise(graph: Graph, protected: Iterable[int], max_inputs: int = 7
     out.outputs = [remap[i] for i in graph.outputs]
     out.captures = {k: remap[v] for k, v in graph.captures.items()}
     # A recomputed node survives only where some node still reads it.
-    return _drop_unread(out, remap, protected)
+    return drop_unread(out, remap, protected)
 
 
-def _drop_unread(out: Graph, remap: dict[int, int], protected: set[int]
+def drop_unread(out: Graph, remap: dict[int, int], protected: set[int]
                  ) -> tuple[Graph, dict[int, int]]:
-    """The graph without the non-leaf nodes that nothing reads or keeps."""
-    readers = [0] * len(out.nodes)
-    for n in out.nodes:
-        for i in n.inputs:
-            readers[i] += 1
-    keep_new = {remap[i] for i in protected if i in remap}
-    dead = {n.id for n in out.nodes if readers[n.id] == 0 and n.op not in LEAF_OPS
-            and n.id not in keep_new and n.id not in out.outputs
-            and n.id not in out.captures.values()}
+    """The graph without the non-leaf nodes that nothing (alive) reads or keeps."""
+    keep = {remap[i] for i in protected if i in remap} | set(out.outputs) | \
+        set(out.captures.values())
+    live = [False] * len(out.nodes)
+    for n in reversed(out.nodes):  # readers come after what they read
+        live[n.id] = live[n.id] or n.op in LEAF_OPS or n.id in keep
+        if live[n.id]:
+            for i in n.inputs:
+                live[i] = True
+    dead = {n.id for n in out.nodes if not live[n.id]}
     if not dead:
         return out, remap
     final = Graph()
@@ -194,42 +180,7 @@ def _ref_fused(args: Sequence[Any], node: Node) -> Any:
 
 
 def _emit_fused(ctx: EmitContext) -> Kernel:
-    """Evaluate the program at `i` (the output's flat index); each node's operands at their
-    own index (broadcast from the node's, or the same through a reshape), memoised per
-    (operand, index) so that shared subexpressions are computed once."""
-    program: FusedProgram = ctx.node.attrs["program"]
-    lines: list[str] = []
-    preludes: list[str] = []
-    names: dict[tuple[int, str], str] = {}
-
-    def shape_of(ref: int) -> Shape:
-        return ctx.inputs[-ref - 1].shape if ref < 0 else program.nodes[ref].shape
-
-    def value(ref: int, index: str) -> str:
-        key = (ref, index)
-        if key in names:
-            return names[key]
-        if ref < 0:
-            text = f"in{-ref - 1}[{index}]"
-        else:
-            n = program.nodes[ref]
-            if n.op == "reshape":
-                names[key] = value(n.inputs[0], index)
-                return names[key]
-            operands = [value(r, w.broadcast_index(n.shape, shape_of(r), index))
-                        for r in n.inputs]
-            op = OPS[n.op]
-            text = _OPERAND.sub(lambda m: operands[int(m.group(1))], op.expr(n))  # type: ignore[misc]
-            if op.prelude and op.prelude not in preludes:
-                preludes.append(op.prelude)
-        name = f"v{len(names)}"
-        lines.append(f"  let {name} = {text};")
-        names[key] = name
-        return name
-
-    result = value(len(program.nodes) - 1, "i")
-    lines.append(f"  out[i] = {result};")
-    return w.thread_kernel(ctx, "\n".join(lines), prelude="\n".join(preludes))
+    return emit_program(ctx, ctx.node.attrs["program"], OPS)
 
 
 define("fused", infer=_infer_fused, ref=_ref_fused, vjp=GRAD_ERROR, emit=_emit_fused,

@@ -1,0 +1,152 @@
+"""The stitching pass: prologues and epilogues merged into matmul and reduction kernels, with
+the values of the unstitched graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorgrad as tg
+from tensorgrad.compiler import Options, Request, compile_graph
+from tensorgrad.ir import Graph
+from tensorgrad.passes import fuse_elementwise, stitch_kernels
+from tensorgrad.reference import evaluate
+from tensorgrad.tensor import leaf, tracing
+from tests.models import demo
+from tests.unit.test_fuse import _training_graph
+
+COVERS = {"fused"}
+
+
+def _both(graph: Graph, protected: set[int]) -> tuple[Graph, dict[int, int]]:
+    fused, remap1 = fuse_elementwise(graph, protected)
+    stitched, remap2 = stitch_kernels(fused, {remap1[i] for i in protected})
+    return stitched, {old: remap2[new] for old, new in remap1.items() if new in remap2}
+
+
+def _kernels(graph: Graph) -> list[str]:
+    return [n.label for n in graph.nodes if n.op not in ("param", "input", "state")]
+
+
+def _programs(graph: Graph) -> list[str]:
+    return [str(n.attrs["program"]) for n in graph.nodes if n.op == "fused"]
+
+
+@pytest.mark.parametrize("name", ["mlp_sin", "addition_transformer"])
+def test_stitched_training_graph_computes_the_same(name: str) -> None:
+    tr, opt, feeds = _training_graph(name)
+    protected = {*tr.grads.values(), *(wb.source for wb in opt.writebacks)}
+    fused, _ = fuse_elementwise(tr.graph, protected)
+    stitched, remap = _both(tr.graph, protected)
+    assert len(stitched.nodes) < len(fused.nodes)
+    before = evaluate(tr.graph, feeds)
+    after = evaluate(stitched, feeds)
+    for i in [tr.loss, *protected]:
+        np.testing.assert_allclose(after[remap[i]], before[i], rtol=1e-6, atol=1e-7,
+                                   err_msg=tr.graph[i].describe())
+
+
+def test_bias_and_relu_become_the_matmul_epilogue() -> None:
+    with tracing() as st:
+        x = leaf("input", "x", (8, 4))
+        w = leaf("param", "w", (4, 3))
+        b = leaf("param", "b", (3,))
+        y = tg.relu(tg.matmul(x, w) + b)
+    st.graph.outputs = [y.id]
+    out, remap = _both(st.graph, set())
+    assert _kernels(out) == ["fused(matmul, add, relu)"]
+    assert _programs(out) == ["relu(add(matmul(x0, x1), x2))"]
+    feeds = {"x": np.random.default_rng(0).standard_normal((8, 4)),
+             "w": np.random.default_rng(1).standard_normal((4, 3)),
+             "b": np.array([0.5, -1.0, 0.0])}
+    np.testing.assert_array_equal(evaluate(out, feeds)[remap[y.id]],
+                                  evaluate(st.graph, feeds)[y.id])
+
+
+def test_a_reduction_takes_its_elementwise_input_and_its_scale() -> None:
+    with tracing() as st:
+        x = leaf("input", "x", (5, 6))
+        y = leaf("input", "y", (5, 6))
+        loss = tg.mean((x - y) * (x - y))     # sum_last of a product, then a mul_scalar
+    st.graph.outputs = [loss.id]
+    out, _ = _both(st.graph, set())
+    assert _kernels(out) == ["fused(sub, mul, sum_last, mul_scalar)"]
+
+
+def test_a_needed_core_result_takes_no_epilogue() -> None:
+    with tracing() as st:
+        x = leaf("input", "x", (8, 4))
+        w = leaf("param", "w", (4, 3))
+        h = tg.matmul(x, w)
+        y = tg.tanh(h)
+    st.graph.outputs = [y.id]
+    out, _ = _both(st.graph, {h.id})        # h is kept (say, a gradient): tanh runs apart
+    assert _kernels(out) == ["matmul", "tanh"]
+
+
+def test_a_consumer_reading_the_core_elsewhere_is_no_epilogue() -> None:
+    with tracing() as st:
+        a = leaf("input", "a", (3, 3))
+        h = tg.matmul(a, a)
+        y = h + tg.permute(h, (1, 0))           # h read at two indices
+    st.graph.outputs = [y.id]
+    out, remap = _both(st.graph, set())
+    assert "matmul" in _kernels(out)
+    feeds = {"a": np.arange(9.0).reshape(3, 3)}
+    np.testing.assert_array_equal(evaluate(out, feeds)[remap[y.id]],
+                                  evaluate(st.graph, feeds)[y.id])
+
+
+def test_permutes_are_copied_into_every_matmul_that_reads_them() -> None:
+    with tracing() as st:
+        q = leaf("input", "q", (2, 4, 3, 5))
+        k = leaf("input", "k", (2, 4, 3, 5))
+        qt = tg.permute(q, (0, 2, 1, 3))        # [2, 3, 4, 5], read by two matmuls
+        kt = tg.permute(k, (0, 2, 3, 1))        # [2, 3, 5, 4]
+        s1 = tg.matmul(qt, kt)
+        s2 = tg.matmul(qt, tg.permute(qt, (0, 1, 3, 2)))
+    st.graph.outputs = [s1.id, s2.id]
+    out, remap = _both(st.graph, set())
+    assert _kernels(out) == ["fused(permute, matmul_batched)"] * 2
+    rng = np.random.default_rng(0)
+    feeds = {"q": rng.standard_normal((2, 4, 3, 5)), "k": rng.standard_normal((2, 4, 3, 5))}
+    before, after = evaluate(st.graph, feeds), evaluate(out, feeds)
+    for t in (s1, s2):
+        np.testing.assert_array_equal(after[remap[t.id]], before[t.id])
+
+
+def test_matmul_prologues_are_held_to_one_arithmetic_op() -> None:
+    with tracing() as st:
+        x = leaf("input", "x", (8, 4))
+        w = leaf("param", "w", (4, 3))
+        y = tg.matmul(tg.exp(tg.sin(x)), w)     # two ops: recomputed per read, so not moved
+        z = tg.matmul(tg.exp(x), w)             # one op: moved
+    st.graph.outputs = [y.id, z.id]
+    out, _ = _both(st.graph, set())
+    assert sorted(_kernels(out)) == ["fused(exp, matmul)", "fused(sin, exp)", "matmul"]
+
+
+def test_stitching_respects_the_binding_limit() -> None:
+    with tracing() as st:
+        xs = [leaf("input", f"x{k}", (4, 4)) for k in range(8)]
+        acc = xs[0]
+        for x in xs[1:7]:
+            acc = acc * x
+        y = tg.matmul(acc, xs[7]) + xs[1] + xs[2] + xs[3]
+    st.graph.outputs = [y.id]
+    out, _ = _both(st.graph, set())
+    assert all(len(n.inputs) <= 7 for n in out.nodes)
+
+
+def _kernel_count(name: str, cls: str) -> int:
+    mod = demo(name)
+    c = compile_graph(Request("training", getattr(mod, cls)(), mod.loss_fn, mod.INPUTS,
+                              optimizer=mod.optimizer(), seed=1), Options(), until="emit")
+    return sum(1 for k in c.kernels if k.threads)
+
+
+def test_kernel_counts_per_step() -> None:
+    """Issue 11's targets: MLP <= 20 kernels per step (39 before), addition transformer
+    <= 200 (493 before)."""
+    assert _kernel_count("mlp_sin", "MLP") <= 20
+    assert _kernel_count("addition_transformer", "AdditionTransformer") <= 200
