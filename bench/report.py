@@ -234,14 +234,17 @@ def kind_lines(r: dict[str, Any], top: int = 8) -> list[str]:
 
 
 def notes(results: list[dict[str, Any]]) -> list[str]:
-    out = []
+    """Errors, skips and n/a reasons, one line per (column, message) naming its models."""
+    grouped: dict[tuple[str, str, str], list[str]] = {}
     for r in results:
         for side in ("tensorgrad", "torch_eager", "torch_compile"):
             d = r.get(side, {})
             for key in ("error", "skipped", "host_note", "gpu_note"):
                 if d.get(key):
-                    out.append(f"  {r['model']} {side}: {key.replace('_note', '')}: {d[key]}")
-    return out
+                    grouped.setdefault((side, key.replace("_note", ""), str(d[key])),
+                                       []).append(r["model"])
+    return [f"  {side} {key} ({', '.join(models)}): {msg}"
+            for (side, key, msg), models in grouped.items()]
 
 
 # ----------------------------------------------------------------------------- main
