@@ -86,9 +86,25 @@ class NativeKernel:
         return self._layout
 
 
-# An encoded op: (pipeline, bind_group or None, x, y, z) for a dispatch,
-# (None, src, src_offset, dst, dst_offset, size) for a copy.
+# An encoded op: (pipeline, bind_group or None, x, y, z, pipeline handle, bind group handle
+# or NULL) for a dispatch, (None, src, src_offset, dst, dst_offset, size) for a copy.
 _Op = tuple
+
+
+def _raw_pass_calls() -> tuple[Any, Any, Any, Any] | None:
+    """wgpu-native's own compute-pass entry points (set pipeline, set bind group, dispatch,
+    NULL), called on prepared handles: a step's dispatches were validated when its program
+    was built, and the wgpu-py wrappers cost several microseconds per call (argument checks,
+    a fresh offsets array per bind group), which is most of a small kernel's CPU cost. None
+    where wgpu-py's internals are not as expected (the public methods are used then)."""
+    if os.environ.get("TENSORGRAD_SAFE_ENCODE"):
+        return None
+    try:
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
+        return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
+                lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+    except (ImportError, AttributeError):  # pragma: no cover - another wgpu-py layout
+        return None
 
 
 @dataclass(eq=False)
@@ -113,6 +129,7 @@ class NativeDevice:
         self.adapter = adapter
         self.device = device
         self.queue = device.queue
+        self._raw = _raw_pass_calls()
         self.driver_note = driver_note
         info = dict(adapter.info)
         self.adapter_info = info
@@ -319,7 +336,9 @@ class NativeDevice:
                 if chunk_size and in_chunk == chunk_size:
                     chunks.append([])
                     in_chunk = 0
-                chunks[-1].append((kernel.pipeline, bind_group, x, y, z))
+                chunks[-1].append((kernel.pipeline, bind_group, x, y, z,
+                                   getattr(kernel.pipeline, "_internal", None),
+                                   getattr(bind_group, "_internal", None)))
                 in_chunk += 1
                 n_dispatches += 1
                 labels.append(label)
@@ -359,11 +378,21 @@ class NativeDevice:
         encoder = self.device.create_command_encoder()
         cpass = None
         pipeline = None
+        raw = self._raw
         for op in ops:
             if op[0] is not None:
                 if cpass is None:
                     cpass = encoder.begin_compute_pass()
+                    handle = getattr(cpass, "_internal", None)
                     pipeline = None
+                if raw is not None and handle is not None and op[5] is not None:
+                    if op[0] is not pipeline:
+                        pipeline = op[0]
+                        raw[0](handle, op[5])
+                    if op[6] is not None:
+                        raw[1](handle, 0, op[6], 0, raw[3])
+                    raw[2](handle, op[2], op[3], op[4])
+                    continue
                 if op[0] is not pipeline:
                     pipeline = op[0]
                     cpass.set_pipeline(pipeline)

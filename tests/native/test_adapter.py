@@ -173,6 +173,26 @@ def test_long_program_same_result_for_any_chunking(gpu_device: NativeDevice,
         assert bytes(hist) == bytes(ref_hist)
 
 
+def test_raw_and_wrapped_encoding_give_the_same_result(gpu_device: NativeDevice,
+                                                       monkeypatch) -> None:
+    """Dispatches encoded through wgpu-native's entry points on prepared handles (the
+    default) and through wgpu-py's methods (TENSORGRAD_SAFE_ENCODE=1) compute the same."""
+    dev, n, steps = gpu_device, 200, 60
+    assert dev._raw is not None, "wgpu-py's internals moved: the fast encoder is off"
+    x0 = np.arange(n, dtype=np.float32)
+    results = []
+    for raw in (dev._raw, None):
+        monkeypatch.setattr(dev, "_raw", raw)
+        program, bufs, _ = _long_program(dev, 7, n, steps)
+        (out,) = run(dev.execute(program, [(bufs[0], x0)], [(bufs[steps % 2], 4 * n)]))
+        results.append(bytes(out))
+    assert results[0] == results[1]
+    x = x0.astype(np.float64)
+    for i in range(steps):
+        x = 0.5 * x + (i % 7)
+    np.testing.assert_allclose(f32(results[0]), x, rtol=1e-6, atol=1e-6)
+
+
 def test_fence_wait_mode_gives_the_same_result(gpu_device: NativeDevice, monkeypatch) -> None:
     """The portable fallback (a mapped 4-byte fence per submission) instead of the queue's
     work-done notification."""
