@@ -26,7 +26,7 @@ from tensorgrad.ops import OPS, linalg
 from tensorgrad.ops.linalg import MatmulSpec, choose_variant, mm
 from tensorgrad.tensor import leaf, tracing
 
-VARIANTS = ["naive", "reduce", "blocked", "tiled1", "tiled2", "tiled4"]
+VARIANTS = ["naive", "reduce", "blocked", "tiled1", "tiled2", "tiled4", "tiled8"]
 
 
 @dataclass(frozen=True)

@@ -127,9 +127,9 @@ def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> 
 #            long K: e.g. a small weight gradient contracting a big batch).
 #   blocked  register-blocked: a 16x16 thread grid per workgroup, each thread a 4x4 block of
 #            outputs (rows ty + 16 r, cols tx + 16 c); no shared memory, no barriers.
-#   tiledB   shared-memory GEMM: a (16 B)x(16 B) output tile per workgroup (B = 1, 2, 4), K
-#            chunks of 16 staged in workgroup memory, each thread a BxB block; 2 barriers
-#            per chunk.
+#   tiledB   shared-memory GEMM: a (16 B)x(16 B) output tile per workgroup (B = 1, 2, 4, 8),
+#            K chunks of 16 (8 for B = 8) staged in workgroup memory, each thread a BxB
+#            block; 2 barriers per chunk.
 # Measured on an NVIDIA H200 (Vulkan, f32): tiled4 13-15 TFLOP/s from 1024^3 up (blocked
 # 8-13, naive 1.5-2.6); smaller tiles win when 64x64 tiles leave the GPU idle; reduce wins
 # below ~8K outputs with K >= 256. On CPU rasterisers (lavapipe) barriers are slow: blocked
@@ -292,8 +292,9 @@ def _emit_blocked(ctx: EmitContext, s: MatmulSpec, block: int = BLOCK) -> Kernel
     return w.workgroup_kernel(ctx, "\n".join(lines), groups)
 
 
-def _emit_tiled(ctx: EmitContext, s: MatmulSpec, block: int = BLOCK) -> Kernel:
-    tile, tk, pad = 16 * block, TILE_K, 16 * block + 1
+def _emit_tiled(ctx: EmitContext, s: MatmulSpec, block: int = BLOCK, tk: int = TILE_K
+                ) -> Kernel:
+    tile, pad = 16 * block, 16 * block + 1
     head, groups = _tile_header(s, tile, tile)
     lines = [head, f"  let gm0 = tm * {w.u(tile)};", f"  let gn0 = tn * {w.u(tile)};"]
     lines += [f"  var c{r}_{c} = 0.0f;" for r in range(block) for c in range(block)]
@@ -336,7 +337,7 @@ def _emit_tiled(ctx: EmitContext, s: MatmulSpec, block: int = BLOCK) -> Kernel:
 
 def emit_matmul(ctx: EmitContext, spec: MatmulSpec, variant: str) -> Kernel:
     """The WGSL kernel of one matmul for `variant` ('naive' | 'reduce' | 'blocked' |
-    'tiled1' | 'tiled2' | 'tiled4')."""
+    'tiled1' | 'tiled2' | 'tiled4' | 'tiled8')."""
     if variant == "naive":
         return _emit_naive(ctx, spec)
     if variant == "reduce":
@@ -345,6 +346,8 @@ def emit_matmul(ctx: EmitContext, spec: MatmulSpec, variant: str) -> Kernel:
         return _emit_blocked(ctx, spec)
     if variant in ("tiled1", "tiled2", "tiled4"):
         return _emit_tiled(ctx, spec, int(variant[-1]))
+    if variant == "tiled8":  # 128x128 tiles, 8x8 per thread; K chunks of 8 (16 KiB of shared)
+        return _emit_tiled(ctx, spec, 8, tk=8)
     raise ValueError(f"unknown matmul kernel variant {variant!r}")
 
 

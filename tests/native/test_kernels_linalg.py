@@ -13,7 +13,7 @@ from tensorgrad.ops.linalg import MatmulSpec, choose_variant, mm
 from tests.harness import Arg, Case
 from tests.kernel_check import check_case as check
 
-VARIANTS = ["naive", "reduce", "blocked", "tiled1", "tiled2", "tiled4"]
+VARIANTS = ["naive", "reduce", "blocked", "tiled1", "tiled2", "tiled4", "tiled8"]
 
 
 AWKWARD = [

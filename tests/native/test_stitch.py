@@ -33,7 +33,7 @@ CASES = [
     Case("softmax_causal", lambda s: tg.softmax_causal(s * 0.5) * 3.0,
          [Arg((2, 7, 7))], name="scaled"),
 ]
-VARIANTS = ["naive", "reduce", "blocked", "tiled1", "tiled2", "tiled4"]
+VARIANTS = ["naive", "reduce", "blocked", "tiled1", "tiled2", "tiled4", "tiled8"]
 
 
 def _stitched(case: Case):
