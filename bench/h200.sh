@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call: before (.base, the tree at d39c7d9 with today's bench/) and after, same GPU.
-# Usage on the device machine: bash bench/h200.sh [parts...]   (parts: report base matmul)
+# Usage on the device machine: bash bench/h200.sh [parts...]   (parts: base report matmul; default all, in that order)
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -9,7 +9,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi -L
-parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(report base matmul)
+parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(base report matmul)
 for part in "${parts[@]}"; do
   case $part in
     report) timeout 300 python3 bench/report.py --steps 100 --json "$OUT/after.json" \

@@ -130,9 +130,11 @@ def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> 
 #   tiledB   shared-memory GEMM: a (16 B)x(16 B) output tile per workgroup (B = 1, 2, 4, 8),
 #            K chunks of 16 (8 for B = 8) staged in workgroup memory, each thread a BxB
 #            block; 2 barriers per chunk.
-# Measured on an NVIDIA H200 (Vulkan, f32): tiled4 13-15 TFLOP/s from 1024^3 up (blocked
-# 8-13, naive 1.5-2.6); smaller tiles win when 64x64 tiles leave the GPU idle; reduce wins
-# below ~8K outputs with K >= 256. On CPU rasterisers (lavapipe) barriers are slow: blocked
+# Measured on an NVIDIA H200 (Vulkan, f32, 2026-12-03): tiled8 24.1 TFLOP/s at 4096^3 and
+# 22-24 wherever it has >= 256 tiles (2048^3, [4096, 256] @ [256, 1024]), but 9.6-10 with 64
+# tiles, where tiled4 keeps 13.5; tiled4 13-15 from 1024^3 up (blocked 8-13, naive 1.5-2.6);
+# smaller tiles win when 64x64 tiles leave the GPU idle; reduce wins below ~8K outputs with
+# K >= 256. Long-K weight gradients (5.5 unsplit) are split by passes/split_k.py. On CPU rasterisers (lavapipe) barriers are slow: blocked
 # beats naive 2-5x once M, N >= 32, and tiled/reduce lose.
 
 REDUCE_MAX_OUTPUTS = 8_192
@@ -187,9 +189,9 @@ def choose_variant(spec: MatmulSpec, prefer_tiled: bool) -> str:
         return "reduce"
     if spec.outputs < 1024:
         return "naive"
-    for block in (4, 2):
+    for block, enough in ((8, 2 * FILL_WORKGROUPS), (4, FILL_WORKGROUPS), (2, FILL_WORKGROUPS)):
         tiles = spec.batch * -(-spec.m // (16 * block)) * -(-spec.n // (16 * block))
-        if tiles >= FILL_WORKGROUPS:
+        if tiles >= enough:
             return f"tiled{block}"
     return "tiled1"
 

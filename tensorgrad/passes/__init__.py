@@ -16,6 +16,7 @@ from typing import Literal
 from ..ir import Graph
 from .dce import eliminate_dead_code
 from .fuse import fuse_elementwise
+from .split_k import split_long_contractions
 from .stitch import stitch_kernels
 
 Phase = Literal["after_autograd", "after_optimizer"]
@@ -36,10 +37,11 @@ class Pass:
 PASSES: list[Pass] = [
     # Gradients nobody reads (frozen inputs) are dropped before the optimizer sees them.
     Pass("eliminate dead code", "after_autograd", eliminate_dead_code),
+    Pass("split long contractions", "after_optimizer", split_long_contractions),
     Pass("fuse elementwise chains", "after_optimizer", fuse_elementwise, option="fuse"),
     Pass("stitch prologues and epilogues into kernels", "after_optimizer", stitch_kernels,
          option="fuse"),
 ]
 
 __all__ = ["PASSES", "Pass", "Phase", "eliminate_dead_code", "fuse_elementwise",
-           "stitch_kernels"]
+           "split_long_contractions", "stitch_kernels"]

@@ -86,3 +86,16 @@ def test_training_the_transformer_with_and_without_fusion_agrees(gpu_device) -> 
     plain, n_plain = asyncio.run(losses(False))
     assert n_fused <= 200 < n_plain
     assert fused == pytest.approx(plain, rel=1e-4)
+
+
+def test_split_k_weight_gradient_matches_reference(gpu_device, monkeypatch) -> None:
+    from tensorgrad.passes import split_k
+
+    monkeypatch.setattr(split_k, "MIN_WORK", 1)
+    monkeypatch.setattr(split_k, "CHUNK", 64)
+    case = Case("matmul", lambda x, w: tg.sum(tg.tanh(tg.matmul(x, w))),
+                [Arg((512, 24)), Arg((24, 40))], name="split-k")
+    b = build(case)
+    graph, _ = split_k.split_long_contractions(b.graph, b.grads.values())
+    assert any(n.op == "matmul_batched" for n in graph.nodes)
+    asyncio.run(check_graph_kernels(gpu_device, graph, b.values))

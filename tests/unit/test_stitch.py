@@ -150,3 +150,27 @@ def test_kernel_counts_per_step() -> None:
     <= 200 (493 before)."""
     assert _kernel_count("mlp_sin", "MLP") <= 20
     assert _kernel_count("addition_transformer", "AdditionTransformer") <= 200
+
+
+def test_long_weight_gradients_are_split_along_k() -> None:
+    from tensorgrad.passes import split_long_contractions
+    from tensorgrad.passes.split_k import splits_for
+
+    assert splits_for(256, 4096, 1024) == 8
+    assert splits_for(64, 256, 64) == 1          # small: one kernel is enough
+    assert splits_for(2048, 4096, 2048) == 1     # K not long beside M, N
+    with tracing() as st:
+        x = leaf("input", "x", (4096, 256))
+        dy = leaf("input", "dy", (4096, 1024))
+        from tensorgrad.ops.linalg import mm
+        dw = mm(x, dy, transpose_a=True)
+    st.graph.outputs = [dw.id]
+    out, remap = split_long_contractions(st.graph, ())
+    assert [n.op for n in out.nodes if n.op != "input"] == \
+        ["reshape", "reshape", "matmul_batched", "sum_to_shape"]
+    assert out[remap[dw.id]].shape == (256, 1024)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4096, 256)).astype(np.float32),
+             "dy": rng.standard_normal((4096, 1024)).astype(np.float32)}
+    np.testing.assert_allclose(evaluate(out, feeds)[remap[dw.id]],
+                               evaluate(st.graph, feeds)[dw.id], rtol=1e-4, atol=1e-3)

@@ -1,0 +1,65 @@
+"""Split-K: a weight-gradient matmul with a long contraction becomes S partial matmuls and a sum.
+
+`Xᵀ @ dY` contracts the rows of a batch (K = B·T, thousands) into a small [M, N] result: one
+output tile per workgroup leaves a large GPU mostly idle while each workgroup walks all of K.
+Both operands are stored [K, M] and [K, N] (the `transpose_a` form the backward emits), so
+splitting K into S chunks is a free view, `[S, K/S, M]`, and the rewrite is
+
+    matmul(a, b, transpose_a=True)  ->  sum_to_shape(matmul_batched(a', b', transpose_a=True))
+
+with S times more workgroups, each doing 1/S of the work, and one reduction of S partials per
+output. Only matmuls with at least :data:`MIN_WORK` multiply-adds are split (smaller ones gain
+nothing from a second kernel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..ir import Graph
+
+MIN_WORK = 1 << 28     # multiply-adds (a 256 x 1024 weight gradient over 1,024 rows)
+CHUNK = 512            # rows of K per partial product, at least
+MAX_SPLITS = 16
+
+
+def splits_for(m: int, k: int, n: int) -> int:
+    """How many chunks to split K into (1: leave the matmul as it is)."""
+    if m * n * k < MIN_WORK or k < 4 * max(m, n):
+        return 1
+    s = 1
+    while s * 2 <= MAX_SPLITS and k % (s * 2) == 0 and k // (s * 2) >= CHUNK:
+        s *= 2
+    return s
+
+
+def split_long_contractions(graph: Graph, protected: Iterable[int]
+                            ) -> tuple[Graph, dict[int, int]]:
+    """A new graph with long-K `Xᵀ @ dY` matmuls split; returns it and the map old id ->
+    new id (a split matmul maps to its sum)."""
+    out = Graph()
+    remap: dict[int, int] = {}
+    for node in graph.nodes:
+        inputs = tuple(remap[i] for i in node.inputs)
+        s = 1
+        if node.op == "matmul" and node.attrs.get("transpose_a") and \
+                not node.attrs.get("transpose_b"):
+            a, b = graph[node.inputs[0]], graph[node.inputs[1]]
+            (k, m), n = a.shape, b.shape[1]
+            s = splits_for(m, k, n)
+        if s == 1:
+            remap[node.id] = out.add(node.op, inputs, node.attrs, node.shape, node.dtype,
+                                     node.site).id
+            continue
+        a3 = out.add("reshape", (inputs[0],), {"shape": (s, k // s, m)}, (s, k // s, m),
+                     "f32", node.site)
+        b3 = out.add("reshape", (inputs[1],), {"shape": (s, k // s, n)}, (s, k // s, n),
+                     "f32", node.site)
+        parts = out.add("matmul_batched", (a3.id, b3.id),
+                        {"transpose_a": True, "transpose_b": False}, (s, m, n), "f32",
+                        node.site)
+        remap[node.id] = out.add("sum_to_shape", (parts.id,), {"shape": (m, n)}, (m, n),
+                                 "f32", node.site).id
+    out.outputs = [remap[i] for i in graph.outputs]
+    out.captures = {k: remap[v] for k, v in graph.captures.items()}
+    return out, remap
