@@ -252,7 +252,7 @@ def _check_index_range(name: str, data: memoryview, bound: int, what: str) -> No
         return
     k, v = next((k, v) for k, v in enumerate(values) if not 0 <= v < bound)
     raise ShapeError(f"input '{name}'", f"holds {v} at flat index {k}, outside 0..{bound - 1} "
-                     f"as {what} needs (an index outside it would give an all-zero one-hot "
+                     f"as {what} needs (an index outside it would give an all-zero "
                      "row and be silently ignored)", site="")
 
 

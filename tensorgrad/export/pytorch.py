@@ -860,6 +860,11 @@ def _t_one_hot(node, at, shape, a, cx):
     return _fn(cx.helper("one_hot"), *args)
 
 
+@_op("gather_rows")
+def _t_gather_rows(node, at, shape, a, cx):
+    return _fn(cx.helper("embedding"), a[0].text, a[1].text)
+
+
 @_op("arange")
 def _t_arange(node, at, shape, a, cx):
     args = [cx.dim(at["n"])]
@@ -955,16 +960,11 @@ def _t_categorical(node, at, shape, a, cx):
 
 
 # Fused patterns (several IR nodes, one torch call): kind -> translation.
-def _t_embedding(inputs: list[Expr], cx: _Ctx) -> Expr:
-    table, idx = inputs
-    return _fn(cx.helper("embedding"), table.text, idx.text)
-
-
 def _t_softmax(inputs: list[Expr], cx: _Ctx) -> Expr:
     return _method(inputs[0], "softmax(-1)")
 
 
-_FUSED = {"embedding": _t_embedding, "softmax": _t_softmax}
+_FUSED = {"softmax": _t_softmax}
 
 
 def _unsupported(node: Node) -> ExportError:
@@ -1144,56 +1144,6 @@ class _Analysis:
                 lsm = g[n.inputs[0]]
                 self.fused[n.id] = ("softmax", [lsm.inputs[0]])
                 self.consumed.add(lsm.id)
-            if n.op not in ("matmul", "reshape"):
-                continue
-            chain = self._embedding_chain(n)
-            if chain is not None:
-                table, idx, inner = chain
-                self.fused[n.id] = ("embedding", [table, idx])
-                self.consumed.update(inner)
-
-    def _embedding_chain(self, last: Node) -> tuple[int, int, list[int]] | None:
-        """one_hot(idx, V) [-> reshape(-1, V)] -> matmul(., table [V, D]) [-> reshape]."""
-        g = self.graph
-        mm = last
-        inner: list[int] = []
-        if last.op == "reshape":
-            mm = g[last.inputs[0]]
-            if mm.op != "matmul" or not self._single(mm.id):
-                return None
-            inner.append(mm.id)
-        if mm.attrs.get("transpose_a") or mm.attrs.get("transpose_b"):
-            return None
-        hot = g[mm.inputs[0]]
-        table = g[mm.inputs[1]]
-        if hot.op == "reshape" and self._single(hot.id):
-            inner.append(hot.id)
-            hot = g[hot.inputs[0]]
-        if hot.op != "one_hot" or hot.dtype != "f32" or not self._single(hot.id):
-            return None
-        vocab = hot.attrs["depth"]
-        if len(table.shape) != 2 or table.shape[0] != vocab:
-            return None
-        idx = g[hot.inputs[0]]
-        want = (*idx.shape, table.shape[1])
-        if last.shape != want:
-            return None
-        if last.op == "matmul" and len(idx.shape) != 1:
-            return None
-        inner.append(hot.id)
-        if last.op == "reshape":
-            pass
-        if any(self._crosses(i, last.id) for i in inner):
-            return None
-        return table.id, idx.id, inner
-
-    def _crosses(self, a: int, b: int) -> bool:
-        """Do nodes a and b lie on different sides of a call boundary?"""
-        for ci in self.calls:
-            c = ci.call
-            if (c.start <= a < c.end) != (c.start <= b < c.end):
-                return True
-        return False
 
 
 def _holds_tensor(v: Any) -> bool:
@@ -1214,7 +1164,7 @@ _OP_NAMES = {"matmul": "h", "matmul_batched": "h", "conv2d": "conv", "max_pool2d
              "log_softmax_last": "logp", "softmax_causal_last": "attn", "reshape": "h",
              "one_hot": "hot", "argmax_last": "idx", "dropout": "h", "randn": "noise",
              "categorical_last": "sample", "concat": "h", "arange": "pos", "full": "c",
-             "less": "mask", "greater": "mask"}
+             "less": "mask", "greater": "mask", "gather_rows": "emb"}
 _NAME_RESERVED = {"self", "torch", "nn", "F", "math", "super", "range", "len", "float", "int",
                   "tuple", "list", "dict", "print", "max", "min", "sum", "abs", "input"}
 _LHS = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=[^=]")

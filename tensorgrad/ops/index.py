@@ -1,7 +1,9 @@
-"""Index ops: one_hot, arange, and the gathers built on them (embedding, take_along_axis).
+"""Index ops: one_hot, arange, row gathers and the gathers built on them (embedding,
+take_along_axis).
 
-Gathers are one-hot products, so their backward needs no scatter; an index outside the
-valid range selects nothing (a zero row) instead of failing.
+`embedding` is a row gather (`gather_rows`) whose backward is a deterministic row scatter-add
+(`scatter_add_rows`); `take_along_axis` is a one-hot product. An index outside the valid
+range selects nothing (a zero row) and receives no gradient instead of failing.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ..errors import ShapeError
 from ..ir import DTYPES, Graph, Node, Shape
 from ..tensor import Tensor
 from .elementwise import mul
-from .registry import NO_GRAD, PUBLIC, define, public, record
+from .registry import GRAD_ERROR, NO_GRAD, Stitch, define, public, record
 from .rules import normalize_axis, require_dtype
 from .shape import move_to_last, permute, reshape
 
@@ -73,28 +75,46 @@ define("one_hot", infer=_infer_one_hot, ref=_ref_one_hot, vjp=NO_GRAD, emit=_emi
        doc="[...] i32 -> [..., depth]: 1 at the index, 0 elsewhere (no 1 when out of range).")
 
 
-# Ops that move index values without changing them: a one_hot index read through them still
-# comes straight from an input.
+# Ops that move index values without changing them: an index read through them still comes
+# straight from an input.
 _INDEX_PRESERVING = ("reshape", "permute", "slice_range", "broadcast_to", "stop_gradient")
 
 
+def _index_use(graph: Graph, node: Node) -> tuple[int, int, str] | None:
+    """(input position of the indices, their bound, what needs it) for a node whose op reads
+    i32 indices that must lie in 0..bound - 1; None for other ops."""
+    if node.op == "one_hot":
+        depth = int(node.attrs["depth"])
+        return 0, depth, f"one_hot(depth={depth})"
+    if node.op == "gather_rows":
+        rows = int(graph[node.inputs[0]].shape[0])
+        return 1, rows, f"embedding(vocab={rows})"
+    if node.op == "scatter_add_rows":
+        rows = int(node.attrs["rows"])
+        return 1, rows, f"embedding(vocab={rows})"
+    return None
+
+
 def input_index_bounds(graph: Graph) -> dict[str, tuple[int, str]]:
-    """{i32 input name: (bound, what)} for the inputs whose values index a one_hot (embedding,
-    cross_entropy and nll_loss targets, take_along_axis) directly: every value must lie in
-    0..bound - 1, or its one-hot row would be silently all zero."""
+    """{i32 input name: (bound, what)} for the inputs whose values directly index a one_hot
+    (cross_entropy and nll_loss targets, take_along_axis) or a row gather/scatter
+    (embedding): every value must lie in 0..bound - 1, or it would silently select an
+    all-zero row (and get no gradient)."""
     bounds: dict[str, tuple[int, str]] = {}
     for node in graph.nodes:
-        if node.op != "one_hot":
+        use = _index_use(graph, node)
+        if use is None:
             continue
-        src = graph[node.inputs[0]]
+        pos, bound, what = use
+        src = graph[node.inputs[pos]]
         while src.op in _INDEX_PRESERVING:
             src = graph[src.inputs[0]]
         if src.op == "input" and src.dtype == "i32":
-            name, depth = src.attrs["name"], int(node.attrs["depth"])
+            name = src.attrs["name"]
             site = node.site.splitlines()[0] if node.site else ""
-            what = f"one_hot(depth={depth})" + (f" at {site}" if site else "")
-            if name not in bounds or depth < bounds[name][0]:
-                bounds[name] = (depth, what)
+            what += f" at {site}" if site else ""
+            if name not in bounds or bound < bounds[name][0]:
+                bounds[name] = (bound, what)
     return bounds
 
 
@@ -130,22 +150,152 @@ def arange(n: int, dtype: str = "i32") -> Tensor:
     return record("arange", [], n=n, dtype=dtype)
 
 
-# ---- gathers ---------------------------------------------------------------------------
+# ---- row gather and scatter-add ------------------------------------------------------------
+
+def _infer_gather_rows(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    table, idx = inputs
+    require_dtype("gather_rows", table, "f32", what="table")
+    require_dtype("gather_rows", idx, "i32", what="indices")
+    if len(table.shape) != 2:
+        raise ShapeError("gather_rows", f"table must have rank 2 [V, D], got shape "
+                         f"{list(table.shape)}")
+    return (*idx.shape, table.shape[1]), "f32"
+
+
+def _valid_rows(idx: Any, rows: int) -> Any:
+    return (idx >= 0) & (idx < rows)
+
+
+def _ref_gather_rows(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    table, idx = args
+    rows = table.shape[0]
+    picked = table[np.clip(idx, 0, rows - 1)]
+    return np.where(_valid_rows(idx, rows)[..., None], picked, np.zeros((), table.dtype))
+
+
+def _vjp_gather_rows(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list:
+    table, idx = ins
+    return [record("scatter_add_rows", [dy, idx], rows=table.shape[0]), None]
+
+
+def _emit_gather_rows(ctx: EmitContext) -> Kernel:
+    rows, dim = ctx.inputs[0].shape
+    body = f"""  let r = in1[i / {w.u(dim)}];
+  var v = 0.0f;
+  if (r >= 0i && r < {rows}i) {{ v = in0[u32(r) * {w.u(dim)} + i % {w.u(dim)}]; }}
+  out[i] = v;"""
+    return w.thread_kernel(ctx, body)
+
+
+def _infer_scatter_add_rows(inputs: Sequence[Node], attrs: dict[str, Any]
+                            ) -> tuple[Shape, str]:
+    dy, idx = inputs
+    require_dtype("scatter_add_rows", dy, "f32", what="dy")
+    require_dtype("scatter_add_rows", idx, "i32", what="indices")
+    rows = attrs["rows"]
+    if not _is_int(rows) or rows <= 0:
+        raise ShapeError("scatter_add_rows", f"rows must be a positive int, got {rows!r}")
+    if len(dy.shape) != len(idx.shape) + 1 or dy.shape[:-1] != idx.shape:
+        raise ShapeError("scatter_add_rows", f"dy {list(dy.shape)} must be the indices' shape "
+                         f"{list(idx.shape)} plus one last axis (D)")
+    return (rows, dy.shape[-1]), "f32"
+
+
+def _ref_scatter_add_rows(args: Sequence[Any], node: Node) -> Any:
+    np = _np()
+    dy, idx = args
+    rows, dim = node.shape
+    flat_idx, flat_dy = idx.reshape(-1), dy.reshape(-1, dim)
+    keep = _valid_rows(flat_idx, rows)
+    out = np.zeros((rows, dim), dy.dtype)
+    np.add.at(out, flat_idx[keep], flat_dy[keep])  # in index order, as the kernels add
+    return out
+
+
+# scatter_add_rows kernels. WGSL has no f32 atomics, and a kernel's output is not zeroed
+# before it runs (pooled buffers), so both variants are deterministic gathers in disguise:
+# each output element is owned by one invocation, which adds the matching rows of dy in
+# increasing n and writes its sum once. "scan": one thread per (v, d) looping over all N
+# indices (V·D·N steps; for small tables and batches). "rows": one workgroup per row v, which
+# reads the indices in tiles of WG, compacts the tile's hits in order with a prefix sum in
+# workgroup memory and adds only those rows of dy (V·N compares and N·D adds in all, for
+# large vocabularies); each invocation keeps ceil(D / WG) column sums in registers.
+SCATTER_SCAN_MAX_STEPS = 1 << 24
+
+
+def _emit_scatter_add_rows(ctx: EmitContext) -> Kernel:
+    rows, dim = ctx.node.shape
+    n = ctx.inputs[1].size
+    if rows * dim * n <= SCATTER_SCAN_MAX_STEPS:
+        body = f"""  let v = i32(i / {w.u(dim)});
+  let d = i % {w.u(dim)};
+  var acc = 0.0f;
+  for (var k = 0u; k < {w.u(n)}; k = k + 1u) {{
+    if (in1[k] == v) {{ acc = acc + in0[k * {w.u(dim)} + d]; }}
+  }}
+  out[i] = acc;"""
+        return w.thread_kernel(ctx, body)
+    cols = -(-dim // w.WG)
+    steps = "\n".join(f"""    if (lid >= {w.u(s)}) {{ x = x + scan[lid - {w.u(s)}]; }}
+    workgroupBarrier();
+    scan[lid] = x;
+    workgroupBarrier();""" for s in (1 << k for k in range(w.WG.bit_length() - 1)))
+    body = f"""  var acc: array<f32, {cols}>;
+  for (var t = 0u; t < {w.u(n)}; t = t + {w.u(w.WG)}) {{
+    let k = t + lid;
+    var hit = 0u;
+    if (k < {w.u(n)}) {{ hit = select(0u, 1u, in1[k] == i32(g)); }}
+    var x = hit;
+    scan[lid] = x;
+    workgroupBarrier();
+{steps}
+    if (hit == 1u) {{ hits[x - 1u] = k; }}
+    workgroupBarrier();
+    let nhits = scan[{w.u(w.WG - 1)}];
+    for (var h = 0u; h < nhits; h = h + 1u) {{
+      let src = hits[h] * {w.u(dim)};
+      for (var c = 0u; c < {w.u(cols)}; c = c + 1u) {{
+        let d = lid + c * {w.u(w.WG)};
+        if (d < {w.u(dim)}) {{ acc[c] = acc[c] + in0[src + d]; }}
+      }}
+    }}
+    workgroupBarrier();
+  }}
+  for (var c = 0u; c < {w.u(cols)}; c = c + 1u) {{
+    let d = lid + c * {w.u(w.WG)};
+    if (d < {w.u(dim)}) {{ out[g * {w.u(dim)} + d] = acc[c]; }}
+  }}"""
+    prelude = (f"var<workgroup> scan: array<u32, {w.WG}>;\n"
+               f"var<workgroup> hits: array<u32, {w.WG}>;")
+    return w.workgroup_kernel(ctx, body, rows, prelude=prelude)
+
+
+# Stitching: the gather reads the table once and each index D times per output row, and
+# writes each output once; the scatter reads each dy element at most once (indices: V·D or V
+# times each, so they are not stitched) and writes each output once.
+define("gather_rows", infer=_infer_gather_rows, ref=_ref_gather_rows, vjp=_vjp_gather_rows,
+       emit=_emit_gather_rows, stitch=Stitch(prologue=(0, 1), prologue_ops=2, epilogue=True),
+       doc="table [V, D], i32 idx [...] -> [..., D]: row idx of table (a zero row when out "
+           "of range); one thread per output element.")
+define("scatter_add_rows", infer=_infer_scatter_add_rows, ref=_ref_scatter_add_rows,
+       vjp=GRAD_ERROR, emit=_emit_scatter_add_rows,
+       stitch=Stitch(prologue=(0,), epilogue=True),
+       doc="dy [..., D], i32 idx [...] -> [rows, D]: out[v] = sum of dy[n] over idx[n] == v "
+           "(out-of-range n skipped), summed in n order (deterministic, no atomics).")
+
 
 @public
 def embedding(table: Tensor, idx: Tensor) -> Tensor:
     """Rows of table [V, D] picked by i32 idx [...] -> [..., D] (ids from an input must be in
     0..V - 1: checked at each step or run; computed ids out of range give zeros).
-    Computed as one_hot(idx, V) @ table, so the table gradient needs no scatter."""
+    A row gather; the table gradient is a deterministic scatter-add of dy into [V, D]."""
     if table.ndim != 2:
         raise ShapeError("embedding", f"table must have rank 2 [V, D], got shape "
                          f"{list(table.shape)}")
     require_dtype("embedding", table.node, "f32", what="table")
     require_dtype("embedding", idx.node, "i32", what="indices")
-    vocab, dim = table.shape
-    hot = reshape(one_hot(idx, vocab), (-1, vocab))  # [N, V]
-    rows = PUBLIC["matmul"](hot, table)  # the linear-algebra family's op, looked up late
-    return reshape(rows, (*idx.shape, dim))
+    return record("gather_rows", [table, idx])
 
 
 @public

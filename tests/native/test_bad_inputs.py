@@ -133,7 +133,7 @@ CATALOGUE = [
         r"^input 'ids': a int64 array with values 0\.\.1099511627776 does not fit i32",
         model="tokens"),
     Bad("an embedding id past the vocabulary", step(**tokens(ids=(0, 1, 5, 2))), ShapeError,
-        r"^input 'ids': holds 5 at flat index 2, outside 0\.\.4 as one_hot\(depth=5\) at .* "
+        r"^input 'ids': holds 5 at flat index 2, outside 0\.\.4 as embedding\(vocab=5\) at .* "
         r"needs", model="tokens"),
     Bad("a negative embedding id", step(**tokens(ids=(-1, 1, 2, 2))), ShapeError,
         r"^input 'ids': holds -1 at flat index 0, outside 0\.\.4", model="tokens"),

@@ -282,6 +282,8 @@ CASES: dict[str, tuple[Any, dict[str, Any], dict[str, np.ndarray]]] = {
                {"x": _x((B, 3))}),
     "one_hot": (lambda m, i: tg.one_hot(i, 4), {"i": ((None,), "i32")},
                 {"i": np.array([0, 3, 5, -1], np.int32)}),
+    "gather_rows": (lambda m, i: tg.embedding(m.w, i), {"i": ((None, 2), "i32")},
+                    {"i": np.array([[0, 2], [1, 1], [3, -1], [2, 0]], np.int32)}),
     "arange": (lambda m, x: x * tg.arange(3, "f32"), X, {"x": _x((B, 3))}),
     "matmul": (lambda m, x: x @ m.w, X, {"x": _x((B, 3))}),
     "matmul_batched": (lambda m, x: x @ tg.swap_axes(x, -1, -2), SQ, {"x": _x((B, 3, 3))}),

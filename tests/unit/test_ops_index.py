@@ -1,4 +1,4 @@
-"""Index ops: one_hot, arange, embedding, take_along_axis."""
+"""Index ops: one_hot, arange, embedding (gather_rows / scatter_add_rows), take_along_axis."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import torch.nn.functional as F
 
 import tensorgrad as tg
 from tensorgrad import ShapeError
-from tests.harness import Arg, Case, build, run_reference
+from tensorgrad.ops.index import input_index_bounds
+from tensorgrad.ops.registry import record
+from tests.harness import Arg, Case, build, graph_ops, run_reference
 from tests.unit.op_tests import grad_fd_check
 
 
@@ -55,6 +57,16 @@ CASES = [
     Case("embedding", tg.embedding, [Arg((4, 3)), Arg((2, 3), "i32", gen=np.array(
         [[0, -1, 3], [4, 2, 9]], np.int32))], name="out-of-range", grad=False,
         np_fn=lambda t, i: np.where(((i >= 0) & (i < 4))[..., None], t[np.clip(i, 0, 3)], 0)),
+    Case("embedding", tg.embedding, [Arg((3, 4)), Arg((4, 6), "i32", "int:0:2")],
+         torch_fn=lambda t, i: F.embedding(i, t), name="repeated-rows"),
+    Case("embedding", tg.embedding, [Arg((1, 1)), Arg((5,), "i32", "int:0:1")],
+         torch_fn=lambda t, i: F.embedding(i, t), name="1x1-table"),
+    Case("embedding", lambda t, i: tg.embedding(t, i * 2 - 1), [Arg((6, 2)), Arg((3, 3), "i32",
+         "int:0:4")], name="computed-ids", torch_fn=lambda t, i: F.embedding(
+             (i * 2 - 1).clamp(0, 5), t) * ((i * 2 - 1) >= 0).unsqueeze(-1)),
+    Case("embedding", lambda t, i: tg.embedding(t * t, i) * tg.embedding(t, i + 0),
+         [Arg((4, 3)), Arg((2, 5), "i32", "int:0:4")], name="table-used-twice",
+         torch_fn=lambda t, i: F.embedding(i, t * t) * F.embedding(i, t)),
     _take((3, 4), (3, 2), 1),
     _take((3, 4), (2, 4), 0),
     _take((3, 4), (3, 4), -1),
@@ -76,6 +88,38 @@ def test_out_of_range_gather_gives_zero() -> None:
 def test_out_of_range_embedding_gradient() -> None:
     case = next(c for c in CASES if c.id == "embedding[out-of-range]")
     grad_fd_check(Case(**{**case.__dict__, "grad": True}))
+
+
+def test_embedding_is_a_gather_with_a_scatter_add_backward() -> None:
+    b = build(Case("embedding", tg.embedding, [Arg((50, 3)), Arg((2, 4), "i32", "int:0:50")]))
+    ops = graph_ops(b)
+    assert {"gather_rows", "scatter_add_rows"} <= ops
+    assert not ops & {"one_hot", "matmul"}, ops
+
+
+def test_scatter_add_rows_reference_sums_in_index_order() -> None:
+    idx = np.array([[2, 0], [2, 7], [-1, 2]], np.int32)
+    dy = np.arange(6 * 2, dtype=np.float64).reshape(3, 2, 2)
+    b = build(Case("x", lambda d, i: record("scatter_add_rows", [d, i], rows=4),
+                   [Arg((3, 2, 2), gen=dy, param=False), Arg((3, 2), "i32", gen=idx)],
+                   grad=False))
+    got = run_reference(b, float_dtype=np.float64)[b.out]
+    want = np.zeros((4, 2))
+    for n, v in enumerate(idx.reshape(-1)):
+        if 0 <= v < 4:
+            want[v] += dy.reshape(-1, 2)[n]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_embedding_ids_from_an_input_are_bounded() -> None:
+    b = build(Case("embedding", lambda t, i: tg.embedding(t, tg.reshape(i, (-1,))),
+                   [Arg((5, 3)), Arg((2, 2), "i32", "int:0:5")]))
+    bound, what = input_index_bounds(b.graph)["a1"]
+    assert bound == 5 and what.startswith("embedding(vocab=5) at ") and \
+        "test_ops_index.py" in what
+    b = build(Case("embedding", lambda t, i: tg.embedding(t, i + 1),
+                   [Arg((5, 3)), Arg((2, 2), "i32", "int:0:4")]))
+    assert input_index_bounds(b.graph) == {}  # computed ids: out of range gives zeros
 
 
 def test_dtypes() -> None:
@@ -101,6 +145,18 @@ def _err(fn, *args: Arg):
                                                          r"\[V, D\], got shape \[12\]")),
     (lambda x, i: tg.embedding(x, x), r"embedding: indices must be i32, got f32"),
     (lambda x, i: tg.embedding(tg.less(x, 0.0), i), r"embedding: table must be f32, got bool"),
+    (lambda x, i: record("gather_rows", [x, x]), r"gather_rows: indices must be i32, got f32"),
+    (lambda x, i: record("gather_rows", [tg.reshape(x, (2, 3, 2)), i]),
+     r"gather_rows: table must have rank 2 \[V, D\], got shape \[2, 3, 2\]"),
+    (lambda x, i: record("gather_rows", [i, i]), r"gather_rows: table must be f32, got i32"),
+    (lambda x, i: record("scatter_add_rows", [x, i], rows=3),
+     r"scatter_add_rows: dy \[3, 4\] must be the indices' shape \[3, 2\] plus one last axis"),
+    (lambda x, i: record("scatter_add_rows", [tg.reshape(x, (3, 2, 2)), i], rows=0),
+     r"scatter_add_rows: rows must be a positive int, got 0"),
+    (lambda x, i: record("scatter_add_rows", [i, i], rows=3),
+     r"scatter_add_rows: dy must be f32, got i32"),
+    (lambda x, i: record("scatter_add_rows", [tg.reshape(x, (3, 2, 2)), x], rows=3),
+     r"scatter_add_rows: indices must be i32, got f32"),
     (lambda x, i: tg.take_along_axis(x, tg.reshape(i, (-1,)), 1),
      r"take_along_axis: input \[3, 4\] and indices \[6\] must have the same rank >= 1"),
     (lambda x, i: tg.take_along_axis(x, tg.reshape(i, (2, 3)), 1),

@@ -83,7 +83,7 @@ def test_rank2_rhs_uses_matmul_and_batched_rhs_uses_matmul_batched() -> None:
 
 
 def test_embedding_gradient_vs_finite_differences() -> None:
-    """The reference's embedding exemplar: table [10, 4], idx [2, 5, 7] (matmul backward)."""
+    """The reference's embedding exemplar: table [10, 4], idx [2, 5, 7] (scatter-add backward)."""
     idx = np.array([2, 5, 7], np.int32)
     case = Case("embedding", tg.embedding, [Arg((10, 4), gen="unit"), Arg((3,), "i32", idx)])
     grad_fd_check(case)
