@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Time to ready in headless Chromium: from the page calling `start()` (which creates the
+worker) to the worker's "ready" message, over N cold page loads.
+
+    python bench/bench_ready.py [-n 5] [--warm-cache] [--no-build] [--json]
+
+Each load opens a fresh browser context (an empty HTTP cache: Pyodide's wasm, the stdlib and
+the wheel are fetched and compiled again) unless --warm-cache, which reuses one context (the
+second visit of a user). Prints every load, then the median and max of the page's wall time
+and of each part the worker reports in its "ready" timings:
+
+    pyodideMs   loadPyodide() (the wasm, python_stdlib.zip, interpreter start)
+    wheelMs     the tensorgrad wheel: fetched (while Pyodide loads) and installed
+    micropipMs  loading micropip (0 unless the wheel needs it: the fallback install path)
+    importMs    importing tensorgrad.web.worker (and tensorgrad) and the protocol table
+    totalMs     the worker's own clock, from its first line to "ready"
+
+and `install`: the path the wheel took ("unpack": straight into site-packages; "micropip").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import build  # the repository's build.py
+
+START = """async () => {
+  const tg = await import("/tensorgrad.js");
+  const t0 = performance.now();
+  const session = await tg.start();
+  const wallMs = performance.now() - t0;
+  const { timings, install } = session;
+  session.terminate();
+  return { wallMs, timings, install };
+}"""
+
+PARTS = ("pyodideMs", "fetchMs", "wheelMs", "micropipMs", "importMs", "totalMs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", type=int, default=5, help="page loads (default 5)")
+    parser.add_argument("--warm-cache", action="store_true",
+                        help="reuse one browser context (HTTP cache kept between loads)")
+    parser.add_argument("--no-build", action="store_true", help="serve dist/web/ as it is")
+    parser.add_argument("--chromium-arg", action="append", default=[],
+                        help="extra Chromium flag (repeatable)")
+    parser.add_argument("--json", action="store_true", help="also print the loads as JSON")
+    args = parser.parse_args(argv)
+
+    from playwright.sync_api import sync_playwright
+
+    build.install_browser_deps()
+    if not args.no_build:
+        build.build_web()
+    server = build.serve_web(quiet=True)
+    url = build.server_url(server)
+    loads: list[dict] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(build.CHROMIUM),
+                                     args=[*build.CHROMIUM_ARGS, *args.chromium_arg])
+        print(f"Chromium {browser.version}, {url}, {args.n} "
+              f"{'warm-cache' if args.warm_cache else 'cold'} loads", flush=True)
+        shared = browser.new_context() if args.warm_cache else None
+        for i in range(args.n):
+            context = shared or browser.new_context()
+            page = context.new_page()
+            page.on("pageerror", lambda e: print(f"[pageerror] {e}", flush=True))
+            page.goto(url + "index.html")
+            out = page.evaluate(START)
+            page.close()
+            if shared is None:
+                context.close()
+            t = out["timings"]
+            loads.append({"wallMs": out["wallMs"], **t, "install": out["install"]})
+            parts = ", ".join(f"{k[:-2]} {t[k]:.0f}" for k in PARTS if k in t)
+            print(f"  load {i + 1}: ready in {out['wallMs']:.0f} ms (worker: {parts} ms; "
+                  f"install: {(out['install'] or {}).get('path', 'micropip')})", flush=True)
+        browser.close()
+    server.shutdown()
+
+    print(f"{'':12}{'median':>8}{'max':>8}  (ms, {len(loads)} loads)")
+    for key in ("wallMs", *PARTS):
+        values = [load[key] for load in loads if isinstance(load.get(key), (int, float))]
+        if values:
+            print(f"{key:12}{statistics.median(values):8.0f}{max(values):8.0f}")
+    if args.json:
+        print(json.dumps(loads, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
