@@ -27,6 +27,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, ClassVar
 
+import webbundle  # the bundle's bytecode and Pyodide snapshot (beside this file)
+
 ROOT = Path(__file__).resolve().parent
 DIST = ROOT / "dist"
 
@@ -274,136 +276,11 @@ def copy_pyscript(dest: Path) -> None:
     (dest / "VERSION").write_text(version + "\n")
 
 
-# Bytecode for the browser. The npm Pyodide's python_stdlib.zip holds only .py sources, so every
-# import compiles in wasm: Pyodide's own start-up imports ~190 modules (asyncio, ast, inspect,
-# typing, ...), 3-5 s of a 4-6 s start here. Pyodide itself, run under Node at build time,
-# compiles them (and tensorgrad's modules) to unchecked-hash .pyc files, which zipimport and
-# site-packages imports load without looking at the source; the sources stay for tracebacks.
-# Cached in dist/.cache/pyc by content hash: Node runs when the stdlib or a module changes.
-_PYC_COMPILE = r"""
-import importlib._bootstrap_external as be, importlib.util, json, sys, zipfile
-job = json.load(open("/job/job.json"))
-tag = sys.implementation.cache_tag
-def pyc(data, filename):
-    code = compile(data, filename, "exec", dont_inherit=True)
-    return bytes(be._code_to_hash_pyc(code, importlib.util.source_hash(data), checked=False))
-if job["stdlib"]:
-    src = "/lib/python%d%d.zip" % sys.version_info[:2]
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(job["stdlib"], "w") as zout:
-        for info in zin.infolist():
-            data = zin.read(info)
-            zout.writestr(info, data, zipfile.ZIP_DEFLATED)
-            try:
-                code = info.filename.endswith(".py") and pyc(data, f"{src}/{info.filename}")
-            except SyntaxError:  # (none today) keep the source only
-                code = None
-            if code:
-                out = zipfile.ZipInfo(info.filename + "c", date_time=info.date_time)
-                zout.writestr(out, code, zipfile.ZIP_DEFLATED)
-for name in job["sources"]:
-    with open(f"/job/src/{name}", "rb") as f:
-        data = f.read()
-    with open(f"/job/out/{name}c", "wb") as f:
-        f.write(pyc(data, name))
-json.dump({"cache_tag": tag}, open("/job/result.json", "w"))
-"""
-_PYC_NODE = """
-import { readFileSync } from "node:fs";
-const [pyodideDir, jobDir, stdLibURL] = process.argv.slice(2);
-const { loadPyodide } = await import(pyodideDir + "/pyodide.mjs");
-const pyodide = await loadPyodide({ indexURL: pyodideDir + "/", ...(stdLibURL ? { stdLibURL } : {}) });
-pyodide.mountNodeFS("/job", jobDir);
-pyodide.runPython(readFileSync(jobDir + "/compile.py", "utf8"));
-"""
-
-
-def _run_pyodide_compile(npm_core: Path, stdlib_out: Path | None, stdlib_in: Path | None,
-                         sources: dict[str, bytes]) -> tuple[str, dict[str, bytes]]:
-    """Compile `sources` (name -> .py bytes) and, when `stdlib_out`, the whole stdlib zip, in
-    Pyodide under Node; (cache tag, name -> .pyc bytes)."""
-    job = CACHE / f"pyc-job.{os.getpid()}"
-    shutil.rmtree(job, ignore_errors=True)
-    for name, data in sources.items():
-        (job / "src" / name).parent.mkdir(parents=True, exist_ok=True)
-        (job / "out" / name).parent.mkdir(parents=True, exist_ok=True)
-        (job / "src" / name).write_bytes(data)
-    job.mkdir(parents=True, exist_ok=True)
-    (job / "out").mkdir(exist_ok=True)
-    (job / "compile.py").write_text(_PYC_COMPILE)
-    (job / "run.mjs").write_text(_PYC_NODE)
-    stdlib_tmp = "/job/stdlib.zip" if stdlib_out else None
-    (job / "job.json").write_text(json.dumps({"stdlib": stdlib_tmp, "sources": sorted(sources)}))
-    try:
-        run(["node", str(job / "run.mjs"), str(npm_core), str(job),
-             str(stdlib_in) if stdlib_in else ""])
-        tag = json.loads((job / "result.json").read_text())["cache_tag"]
-        if stdlib_out:
-            (job / "stdlib.zip").chmod(0o644)
-            os.replace(job / "stdlib.zip", stdlib_out)
-        return tag, {name: (job / "out" / f"{name}c").read_bytes() for name in sources}
-    finally:
-        shutil.rmtree(job, ignore_errors=True)
-
-
-def pyodide_bytecode(npm_core: Path, sources: dict[str, bytes]
-                     ) -> tuple[Path, dict[str, bytes]] | None:
-    """The stdlib zip with .pyc beside every .py, and {path/__pycache__/mod.TAG.pyc: bytes} for
-    `sources` (paths -> .py bytes), compiled by this Pyodide under Node; None without Node."""
-    if not shutil.which("node"):
-        print("build.py: no node: the browser bundle gets Pyodide's stdlib without bytecode "
-              "(slower start-up)", flush=True)
-        return None
-    cache = CACHE / "pyc"
-    cache.mkdir(parents=True, exist_ok=True)
-    stdlib_src = npm_core / "python_stdlib.zip"
-    key = hashlib.sha256(stdlib_src.read_bytes() + (npm_core / "pyodide.asm.wasm").read_bytes())
-    key = key.hexdigest()[:16]
-    stdlib = cache / f"python_stdlib-{key}.zip"
-    tag_file = cache / f"cache_tag-{key}"
-
-    def cached(data: bytes) -> Path:
-        return cache / f"{key}-{hashlib.sha256(data).hexdigest()[:24]}.pyc"
-
-    missing = {name: data for name, data in sources.items() if not cached(data).exists()}
-    if missing or not stdlib.exists() or not tag_file.exists():
-        out = None if stdlib.exists() else stdlib
-        tag, compiled = _run_pyodide_compile(npm_core, out, stdlib if out is None else None,
-                                             missing)
-        tag_file.write_text(tag)
-        for name, data in compiled.items():
-            cached(sources[name]).write_bytes(data)
-    tag = tag_file.read_text()
-    pycs = {}
-    for name, data in sources.items():
-        folder, _, module = name.rpartition("/")
-        pycs[f"{folder}/__pycache__/{module[:-3]}.{tag}.pyc"] = cached(data).read_bytes()
-    return stdlib, pycs
-
-
-def web_wheel(wheel: Path, dest: Path, extra: dict[str, bytes]) -> Path:
-    """`wheel` copied into `dest` with the files `extra` added (and listed in its RECORD)."""
-    out = dest / wheel.name
-    with zipfile.ZipFile(wheel) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
-        infos = zin.infolist()
-        record = next(i for i in infos if i.filename.endswith(".dist-info/RECORD"))
-        lines = zin.read(record).decode().splitlines()
-        for info in infos:
-            if info is not record:
-                zout.writestr(info, zin.read(info))
-        for arc, data in sorted(extra.items()):
-            info = zipfile.ZipInfo(arc, date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr, info.compress_type = 0o644 << 16, zipfile.ZIP_DEFLATED
-            zout.writestr(info, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-            lines.insert(-1, f"{arc},sha256={digest.decode()},{len(data)}")
-        zout.writestr(record, "\n".join(lines) + "\n")
-    return out
-
-
-def build_web() -> Path:
-    """Assemble dist/web/: Pyodide core, micropip + packaging, PyScript, the tensorgrad wheel,
-    web/ files, demos/, manifest.json. Built beside and swapped in, so a running server never
-    sees half."""
+def build_web(snapshot: bool = True) -> Path:
+    """Assemble dist/web/: Pyodide core (its stdlib with bytecode), micropip + packaging,
+    PyScript, the tensorgrad wheel (with bytecode), web/ files, demos/, manifest.json and, unless
+    `snapshot` is false, a Pyodide memory snapshot (webbundle.py). Built beside and swapped in,
+    so a running server never sees half."""
     ensure_node_modules()
     wheel = build_wheel()
     tmp = DIST / f".web.{os.getpid()}"
@@ -415,7 +292,7 @@ def build_web() -> Path:
         shutil.copy2(npm_core / fname, core / fname)
     with zipfile.ZipFile(wheel) as zf:
         sources = {n: zf.read(n) for n in zf.namelist() if n.endswith(".py")}
-    bytecode = pyodide_bytecode(npm_core, sources)
+    bytecode = webbundle.pyodide_bytecode(CACHE, npm_core, sources)
     if bytecode:
         shutil.copy2(bytecode[0], core / "python_stdlib.zip")
     lock = json.loads((npm_core / "pyodide-lock.json").read_text())
@@ -428,7 +305,7 @@ def build_web() -> Path:
         entry["file_name"], entry["sha256"] = src.name, _sha256(src)
     (core / "pyodide-lock.json").write_text(json.dumps(lock))
     copy_pyscript(tmp / "pyscript")
-    web_wheel(wheel, tmp, bytecode[1] if bytecode else {})
+    webbundle.web_wheel(wheel, tmp, bytecode[1] if bytecode else {})
     if (ROOT / "web").is_dir():
         shutil.copytree(ROOT / "web", tmp, dirs_exist_ok=True)
     demos: list[str] = []
@@ -451,6 +328,13 @@ def build_web() -> Path:
         (tmp / "index.html").write_text(
             "<!doctype html><meta charset=utf-8><title>tensorgrad</title>\n"
             f"<h1>tensorgrad {manifest['version']}</h1>\n<ul>\n{links}\n</ul>\n")
+    if snapshot:
+        inputs = [tmp / wheel.name, *(core / f for f in PYODIDE_CORE), tmp / "worker.mjs"]
+        entry = webbundle.make_snapshot(tmp, CACHE, inputs, CHROMIUM, CHROMIUM_ARGS,
+                                        serve_web, server_url)
+        if entry:
+            manifest["snapshot"] = entry
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     old = DIST / f".web-old.{os.getpid()}"
     if WEB.exists():
         os.replace(WEB, old)
@@ -517,18 +401,21 @@ CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
+NO_SNAPSHOT_HELP = "no Pyodide memory snapshot (it needs Chromium; the worker starts Python)"
+
+
 def cmd_wheel(args: argparse.Namespace) -> int:
     print(build_wheel())
     return 0
 
 
 def cmd_web(args: argparse.Namespace) -> int:
-    print(build_web())
+    print(build_web(snapshot=not args.no_snapshot))
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    build_web()
+    build_web(snapshot=not args.no_snapshot)
     server = serve_web(args.port)
     print(f"serving {WEB} at {server_url(server)}  (Ctrl-C stops)", flush=True)
     try:
@@ -593,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_test)
     p = sub.add_parser("serve", help="build the wheel and dist/web/, serve it on 127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("demo", help="train a demo in headless Chromium, print its progress")
     p.add_argument("name")
@@ -603,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("wheel", help="build dist/tensorgrad-*.whl")
     p.set_defaults(func=cmd_wheel)
     p = sub.add_parser("web", help="assemble dist/web/")
+    p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)
     p.set_defaults(func=cmd_web)
     args, extra = parser.parse_known_args(argv)
     if args.command == "test":  # everything else goes to pytest: build.py test -k adam -x

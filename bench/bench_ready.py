@@ -2,7 +2,7 @@
 """Time to ready in headless Chromium: from the page calling `start()` (which creates the
 worker) to the worker's "ready" message, over N cold page loads.
 
-    python bench/bench_ready.py [-n 5] [--warm-cache] [--no-build] [--json]
+    python bench/bench_ready.py [-n 5] [--warm-cache] [--no-build | --web DIR] [--json]
 
 Each load opens a fresh browser context (an empty HTTP cache: Pyodide's wasm, the stdlib and
 the wheel are fetched and compiled again) unless --warm-cache, which reuses one context (the
@@ -41,7 +41,15 @@ START = """async () => {
   return { wallMs, timings, install };
 }"""
 
-PARTS = ("pyodideMs", "fetchMs", "wheelMs", "micropipMs", "importMs", "totalMs")
+PARTS = ("pyodideMs", "snapshotMs", "fetchMs", "wheelMs", "micropipMs", "importMs", "totalMs")
+
+
+def describe(install: dict | None) -> str:
+    """'unpack, snapshot' / 'micropip, no snapshot (why)' from the ready message's install."""
+    install = install or {}
+    snap = install.get("snapshot") or {}
+    how = "snapshot" if snap.get("used") else f"no snapshot ({snap.get('reason', '?')})"
+    return f"{install.get('path', 'micropip')}, {how}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-cache", action="store_true",
                         help="reuse one browser context (HTTP cache kept between loads)")
     parser.add_argument("--no-build", action="store_true", help="serve dist/web/ as it is")
+    parser.add_argument("--web", type=Path, help="serve this built bundle instead of dist/web/ "
+                        "(another checkout's, to compare; implies --no-build)")
     parser.add_argument("--chromium-arg", action="append", default=[],
                         help="extra Chromium flag (repeatable)")
     parser.add_argument("--json", action="store_true", help="also print the loads as JSON")
@@ -59,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     build.install_browser_deps()
-    if not args.no_build:
+    if not (args.no_build or args.web):
         build.build_web()
-    server = build.serve_web(quiet=True)
+    server = build.serve_web(directory=args.web or build.WEB, quiet=True)
     url = build.server_url(server)
     loads: list[dict] = []
     with sync_playwright() as pw:
@@ -83,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             loads.append({"wallMs": out["wallMs"], **t, "install": out["install"]})
             parts = ", ".join(f"{k[:-2]} {t[k]:.0f}" for k in PARTS if k in t)
             print(f"  load {i + 1}: ready in {out['wallMs']:.0f} ms (worker: {parts} ms; "
-                  f"install: {(out['install'] or {}).get('path', 'micropip')})", flush=True)
+                  f"install: {describe(out['install'])})", flush=True)
         browser.close()
     server.shutdown()
 

@@ -12,15 +12,20 @@
 // Where things come from: the query string of this worker's URL (?indexURL=...&wheel=...),
 // else manifest.json beside this file (written by `python build.py web`).
 //
-// Start-up, the path to "ready": the manifest, then Pyodide's loadPyodide() while the wheel is
-// fetched; its fsInit hook unpacks the wheel into site-packages before Python starts (no
-// micropip: it is loaded only for a wheel that cannot be unpacked as is, or ?install=micropip);
-// then tensorgrad.web.worker is imported. The bundle's stdlib and wheel carry .pyc files that
-// Pyodide compiled at build time (build.py), so these imports do not compile in the browser.
-// "ready" carries {timings: {pyodideMs, fetchMs, wheelMs, micropipMs, importMs, totalMs},
-// install: {path: "unpack" | "micropip", wheels: [{url, path, files?, reason?}]}}: pyodideMs
-// and fetchMs (the wheels fetched and decompressed) are times since the worker started, the
-// others durations (an unpacked wheel's wheelMs, the wait in fsInit, lies inside pyodideMs).
+// Start-up, the path to "ready": the manifest; then Pyodide's loadPyodide(), from the
+// bundle's memory snapshot where it fits (tensorgrad.web.worker already imported in it; see
+// "the snapshot" below), while the wheel is fetched and decompressed; loadPyodide's fsInit hook
+// unpacks the wheel into site-packages before Python starts (no micropip: it is loaded only for
+// a wheel that cannot be unpacked as is, or ?install=micropip); then tensorgrad.web.worker is
+// imported (a no-op after a restore). Without the snapshot (?snapshot=off, another wheel or
+// browser), the imports read .pyc files that Pyodide compiled at build time (build.py), in the
+// stdlib and in the wheel, so nothing compiles in the browser.
+// "ready" carries {timings: {pyodideMs, snapshotMs?, fetchMs, wheelMs, micropipMs, importMs,
+// totalMs}, install: {path: "unpack" | "micropip", snapshot: {used: true, file} | {used: false,
+// reason}, wheels: [{url, path, files?, reason?}]}}: pyodideMs, snapshotMs (fetched and
+// gunzipped) and fetchMs (the wheels fetched and decompressed) are times since the worker
+// started, the others durations (an unpacked wheel's wheelMs, the wait in fsInit, lies inside
+// pyodideMs).
 
 const T0 = performance.now();
 const elapsed = () => Math.round(performance.now() - T0);
@@ -170,6 +175,43 @@ function writeTree(FS, root, entries) {
   }
 }
 
+// -- the snapshot: Python's memory after `import tensorgrad.web.worker` ------------------------
+// `python build.py web` has Chromium run this worker with ?snapshot=make: Pyodide starts, the
+// wheel is unpacked, tensorgrad.web.worker is imported, and Pyodide's memory snapshot of that
+// state (gzipped) goes into the bundle (manifest.snapshot). Restoring it skips Python's own
+// start-up and every import. It is used only where it fits: the manifest's own wheel and
+// Pyodide, and a browser with the same wasm features as the one that made it (the JSPI flavour,
+// and the call trampoline Pyodide's preRun picked, which the snapshot's memory holds);
+// otherwise Pyodide starts as usual. The snapshot fixes the interpreter's str hash seed per
+// build; the random module is reseeded after a restore.
+const JSPI = {
+  newJspi: typeof WebAssembly.Suspending === "function",
+  oldJspi: typeof WebAssembly.Suspender === "function",
+};
+const trampolineOf = (m) => m.HEAPU32[(m.__PyRuntime +
+  m.HEAPU32[m.__PyEM_EMSCRIPTEN_TRAMPOLINE_OFFSET / 4]) / 4];
+
+async function gunzip(res) {
+  if (!res.ok) throw new Error(`HTTP ${res.status}`);
+  const stream = res.body.pipeThrough(new DecompressionStream("gzip"));
+  return new Uint8Array(await new Response(stream).arrayBuffer());
+}
+
+async function gzip(bytes) {
+  const stream = new Blob([bytes]).stream().pipeThrough(new CompressionStream("gzip"));
+  return new Uint8Array(await new Response(stream).arrayBuffer());
+}
+
+// Python run after a restore: what must differ between page loads, and the page's language.
+const LANG = `${(self.navigator?.languages?.[0] ?? "C").replace("-", "_")}.UTF-8`;
+const AFTER_RESTORE = `
+import os, random, sys
+random.seed()
+os.environ["LANG"] = ${JSON.stringify(LANG)}
+sys.path[:] = list(dict.fromkeys(sys.path))
+del os, random, sys
+`;
+
 async function start() {
   const params = new URL(self.location.href).searchParams;
   const [manifest, lifeLock] = await Promise.all([
@@ -182,12 +224,30 @@ async function start() {
   if (!wheels.length) throw new Error("no tensorgrad wheel: pass ?wheel=URL or serve manifest.json");
   const wheelURLs = wheels.map((w) => new URL(w, here).href);
   const forceMicropip = params.get("install") === "micropip";
+  const snapshotParam = params.get("snapshot");  // "make" (build.py) | "off" | null
+  const making = snapshotParam === "make";
 
   progress("loading-pyodide", { indexURL, lifeLock });
   const failed = (what) => (err) => {
     throw new Error(`${what} failed: ${err?.message ?? err}`);
   };
   const timings = { pyodideMs: 0, fetchMs: 0, wheelMs: 0, micropipMs: 0, importMs: 0 };
+
+  const snap = manifest.snapshot;
+  let noSnapshot = null;  // why the snapshot is not used
+  if (!snap) noSnapshot = "the manifest has none";
+  else if (snapshotParam) noSnapshot = `?snapshot=${snapshotParam}`;
+  else if (forceMicropip) noSnapshot = "?install=micropip";
+  else if (params.getAll("wheel").length || params.get("indexURL")) {
+    noSnapshot = "a wheel or Pyodide other than the manifest's";
+  } else if (JSPI.newJspi !== snap.features.newJspi || JSPI.oldJspi !== snap.features.oldJspi) {
+    noSnapshot = `made in a browser with other wasm features (${JSON.stringify(snap.features)})`;
+  }
+  const snapshotBytes = noSnapshot ? null : fetch(new URL(snap.file, here)).then(gunzip)
+    .catch(failed(`fetching the snapshot ${snap.file}`))
+    .finally(() => { timings.snapshotMs = elapsed(); });
+  snapshotBytes?.catch(() => {});
+
   // The wheels are fetched and decompressed while Pyodide loads, written to site-packages
   // before Python starts.
   const unpacked = forceMicropip ? [] : wheelURLs.map((url) => fetch(url)
@@ -199,11 +259,12 @@ async function start() {
     .then((bytes) => unzip(bytes).catch(failed(`unpacking ${url}`)))
     .finally(() => { timings.fetchMs = Math.max(timings.fetchMs, elapsed()); }));
   for (const u of unpacked) u.catch(() => {});  // awaited in fsInit; no unhandled rejection
-  const install = { path: "unpack", wheels: [] };
+  const install = { path: "unpack", snapshot: { used: false }, wheels: [] };
   let installError = null;
-  const fsInit = async (FS, { sitePackages }) => {
+  const installWheels = async (FS, sitePackages) => {
     progress("installing", { wheels: wheelURLs, path: "unpack" });
     const t0 = elapsed();
+    install.wheels = [];
     try {
       for (const [i, url] of wheelURLs.entries()) {
         const entries = await unpacked[i];
@@ -220,10 +281,52 @@ async function start() {
 
   const { loadPyodide } = await import(new URL("pyodide.mjs", indexURL).href)
     .catch(failed(`loading Pyodide from ${indexURL}`));
-  pyodide = await loadPyodide({ indexURL, ...(forceMicropip ? {} : { fsInit }) })
-    .catch(failed(`starting Pyodide from ${indexURL}`));
+  // One start of Pyodide, from the snapshot (a promise of its bytes) or not. fsInit runs in
+  // Pyodide's preRun: after its trampoline is chosen, before a snapshot is restored.
+  const boot = async (snapshot) => {
+    let module = null;
+    const asm = import(new URL("pyodide.asm.mjs", indexURL).href);
+    const fsInit = async (FS, { sitePackages }) => {
+      const trampoline = trampolineOf(module);
+      if (snapshot && trampoline !== snap.features.trampoline) {
+        noSnapshot = `its trampoline ${snap.features.trampoline} is not this browser's ${trampoline}`;
+        (await snapshot)[0] ^= 0xff;  // a bad magic number: Pyodide refuses it before Python runs
+        return;
+      }
+      if (!forceMicropip) await installWheels(FS, sitePackages);
+    };
+    const options = {
+      indexURL, fsInit,
+      createPyodideModule: async (settings) => {
+        module = settings;
+        return (await asm).default(settings);
+      },
+      ...(snapshot ? { _loadSnapshot: snapshot } : {}),
+      ...(making ? { _makeSnapshot: true } : {}),
+    };
+    const py = await loadPyodide(options);
+    return { py, trampoline: trampolineOf(module) };
+  };
+  let booted = null;
+  if (snapshotBytes) {
+    // (Pyodide awaits the bytes once it has started fetching and compiling its wasm)
+    booted = await boot(snapshotBytes).catch((err) => {
+      noSnapshot ??= `restoring it failed: ${err?.message ?? err}`;
+      return null;
+    });
+  }
+  booted ??= await boot(null).catch(failed(`starting Pyodide from ${indexURL}`));
+  pyodide = booted.py;
+  install.snapshot = noSnapshot ? { used: false, reason: noSnapshot }
+    : { used: true, file: snap.file };
   timings.pyodideMs = elapsed();
   if (installError) throw installError;
+  if (install.snapshot.used) {
+    // What the state made at build time lacks: a fresh random seed, the page's language, and
+    // Pyodide's record of the packages found in site-packages (the snapshot must not hold it).
+    pyodide.runPython(AFTER_RESTORE);
+    Object.assign(pyodide.loadedPackages, snap.loadedPackages ?? {});
+  }
 
   const viaMicropip = forceMicropip ? wheelURLs
     : install.wheels.filter((w) => w.path === "micropip").map((w) => w.url);
@@ -243,6 +346,19 @@ async function start() {
   }
 
   const t0 = elapsed();
+  if (making) {
+    // build.py's run: the state after the imports, as a gzipped snapshot, and the features of
+    // the browser that made it. Pyodide's JS-side record of loaded packages must be empty in
+    // a snapshot: it is kept aside and put back after a restore. This worker then stops.
+    pyodide.runPython("import tensorgrad.web.worker, tensorgrad.web.protocol");
+    const loadedPackages = { ...pyodide.loadedPackages };
+    for (const name of Object.keys(loadedPackages)) delete pyodide.loadedPackages[name];
+    const bytes = pyodide.makeMemorySnapshot();
+    const data = await gzip(bytes);
+    self.postMessage({ kind: "snapshot", data, size: bytes.length, loadedPackages,
+                       features: { ...JSPI, trampoline: booted.trampoline } }, [data.buffer]);
+    return;
+  }
   handle = pyodide.pyimport("tensorgrad.web.worker").handle;
   const protocol = JSON.parse(pyodide.pyimport("tensorgrad.web.protocol").as_json());
   timings.importMs = elapsed() - t0;

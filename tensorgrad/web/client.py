@@ -324,7 +324,8 @@ class Session:
 
     @property
     def install(self) -> dict[str, Any]:
-        """How the worker installed the wheel: ``{path: "unpack" | "micropip", wheels}``."""
+        """How the worker started: ``{path: "unpack" | "micropip", snapshot: {used, ...},
+        wheels}`` (the wheel's install path, whether the bundle's Pyodide snapshot was used)."""
         return from_js(self.js.install) or {}
 
     @property
