@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -119,8 +121,13 @@ def pyodide_bytecode(cache_root: Path, npm_core: Path, sources: dict[str, bytes]
     missing = {name: data for name, data in sources.items() if not cached(data).exists()}
     if missing or not stdlib.exists() or not tag_file.exists():
         out = None if stdlib.exists() else stdlib
-        tag, compiled = _run_pyodide_compile(cache_root, npm_core, out,
-                                             stdlib if out is None else None, missing)
+        try:
+            tag, compiled = _run_pyodide_compile(cache_root, npm_core, out,
+                                                 stdlib if out is None else None, missing)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"build.py: compiling bytecode in Pyodide under Node failed ({exc}): the "
+                  "bundle gets none (slower start-up)", flush=True)
+            return None
         tag_file.write_text(tag)
         for name, data in compiled.items():
             cached(sources[name]).write_bytes(data)
@@ -169,16 +176,15 @@ _MAKE_SNAPSHOT = """() => new Promise((resolve, reject) => {
 })"""
 
 
-def make_snapshot(web: Path, cache_root: Path, inputs: list[Path], chromium: Path,
-                  chromium_args: list[str], serve: Any, url_of: Any) -> dict[str, Any] | None:
+def make_snapshot(web: Path, cache_root: Path, inputs: list[Path], chromium: Path
+                  ) -> dict[str, Any] | None:
     """Pyodide's memory after `import tensorgrad.web.worker`, made by the worker of the bundle
-    in `web` (served with `serve(port, directory, quiet)`, its URL from `url_of(server)`) in
-    headless Chromium, gzipped into `web`; the manifest's entry {file, size, features}, or None
-    (with a note) where Playwright or Chromium is missing. Cached by the hashes of `inputs`
-    (the files that shape that memory) and of the Chromium binary."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
+    in `web` in headless Chromium, gzipped into `web`; the manifest's entry {file, size,
+    features, loadedPackages}, or None (with a note) where Playwright or Chromium is missing.
+    Cached by the hashes of `inputs` (the files that shape that memory) and of Chromium. Made in
+    a child process (`python webbundle.py snapshot ...`): the caller may be driving Playwright
+    itself (the browser tests build the bundle), and its sync API does not nest."""
+    if importlib.util.find_spec("playwright") is None:
         print("build.py: no Playwright: the bundle gets no Pyodide snapshot (slower start-up)",
               flush=True)
         return None
@@ -193,23 +199,48 @@ def make_snapshot(web: Path, cache_root: Path, inputs: list[Path], chromium: Pat
     cache = cache_root / "snapshot"
     data_file, meta_file = cache / f"{key}.bin.gz", cache / f"{key}.json"
     if not (data_file.exists() and meta_file.exists()):
-        server = serve(0, web, True)
-        try:
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=str(chromium), args=chromium_args)
-                page = browser.new_page()
-                page.goto(url_of(server) + "index.html")
-                got = page.evaluate(_MAKE_SNAPSHOT)
-                browser.close()
-        finally:
-            server.shutdown()
         cache.mkdir(parents=True, exist_ok=True)
         tmp = data_file.with_name(f".{data_file.name}.{os.getpid()}")
-        tmp.write_bytes(base64.b64decode(got["data"]))
+        try:
+            _run([sys.executable, str(Path(__file__).resolve()), "snapshot", str(web), str(tmp)])
+        except subprocess.CalledProcessError as exc:
+            print(f"build.py: making the Pyodide snapshot failed ({exc}): the bundle gets none "
+                  "(slower start-up)", flush=True)
+            return None
+        meta = json.loads(tmp.with_suffix(".json").read_text())
+        tmp.with_suffix(".json").unlink()
         os.replace(tmp, data_file)
-        meta_file.write_text(json.dumps({k: got[k] for k in ("size", "features", "loadedPackages")}))
-        print(f"build.py: Pyodide snapshot {got['size'] >> 20} MiB "
+        meta_file.write_text(json.dumps(meta))
+        print(f"build.py: Pyodide snapshot {meta['size'] >> 20} MiB "
               f"({data_file.stat().st_size >> 20} MiB gzipped)", flush=True)
     name = f"pyodide-snapshot-{key}.bin.gz"
     shutil.copy2(data_file, web / name)
     return {"file": name, **json.loads(meta_file.read_text())}
+
+
+def _snapshot_main(web: Path, out: Path) -> None:
+    """The child process: serve `web`, have Chromium's worker make the snapshot; write it to
+    `out` and its {size, features, loadedPackages} beside it (`out` with suffix .json)."""
+    from playwright.sync_api import sync_playwright
+
+    import build  # (beside this file) its server and Chromium settings
+
+    server = build.serve_web(0, web, quiet=True)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(build.CHROMIUM),
+                                         args=build.CHROMIUM_ARGS)
+            page = browser.new_page()
+            page.goto(build.server_url(server) + "index.html")
+            got = page.evaluate(_MAKE_SNAPSHOT)
+            browser.close()
+    finally:
+        server.shutdown()
+    out.write_bytes(base64.b64decode(got.pop("data")))
+    out.with_suffix(".json").write_text(json.dumps(got))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] != "snapshot":
+        raise SystemExit("usage: python webbundle.py snapshot WEB_DIR OUT_FILE")
+    _snapshot_main(Path(sys.argv[2]), Path(sys.argv[3]))

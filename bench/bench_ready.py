@@ -2,20 +2,27 @@
 """Time to ready in headless Chromium: from the page calling `start()` (which creates the
 worker) to the worker's "ready" message, over N cold page loads.
 
-    python bench/bench_ready.py [-n 5] [--warm-cache] [--no-build | --web DIR] [--json]
+    python bench/bench_ready.py [-n 5] [--warm-cache] [--no-snapshot] [--no-build | --web DIR]
+                                [--json]
 
 Each load opens a fresh browser context (an empty HTTP cache: Pyodide's wasm, the stdlib and
 the wheel are fetched and compiled again) unless --warm-cache, which reuses one context (the
 second visit of a user). Prints every load, then the median and max of the page's wall time
 and of each part the worker reports in its "ready" timings:
 
-    pyodideMs   loadPyodide() (the wasm, python_stdlib.zip, interpreter start)
-    wheelMs     the tensorgrad wheel: fetched (while Pyodide loads) and installed
-    micropipMs  loading micropip (0 unless the wheel needs it: the fallback install path)
-    importMs    importing tensorgrad.web.worker (and tensorgrad) and the protocol table
+    pyodideMs   loadPyodide() done (the wasm, python_stdlib.zip, the snapshot restored or the
+                interpreter started; the wheel written into site-packages), since the worker
+                started
+    snapshotMs  the snapshot fetched and gunzipped (while the wasm compiles), since the start
+    fetchMs     the wheel fetched and decompressed (while Pyodide loads), since the start
+    wheelMs     installing the wheel: fsInit's wait and writes (inside pyodideMs), or micropip's
+    micropipMs  loading micropip (0 unless a wheel needs it: the fallback install path)
+    importMs    importing tensorgrad.web.worker and the protocol table (~0 after a restore)
     totalMs     the worker's own clock, from its first line to "ready"
 
-and `install`: the path the wheel took ("unpack": straight into site-packages; "micropip").
+and how it started: the install path ("unpack": straight into site-packages; "micropip"), and
+whether the bundle's Pyodide snapshot was restored (else why not). A bundle built before these
+existed (--web) reports pyodide/wheel/micropip/import only.
 """
 
 from __future__ import annotations
@@ -31,10 +38,10 @@ sys.path.insert(0, str(ROOT))
 
 import build  # the repository's build.py
 
-START = """async () => {
+START = """async (options) => {
   const tg = await import("/tensorgrad.js");
   const t0 = performance.now();
-  const session = await tg.start();
+  const session = await tg.start(options);
   const wallMs = performance.now() - t0;
   const { timings, install } = session;
   session.terminate();
@@ -61,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-build", action="store_true", help="serve dist/web/ as it is")
     parser.add_argument("--web", type=Path, help="serve this built bundle instead of dist/web/ "
                         "(another checkout's, to compare; implies --no-build)")
+    parser.add_argument("--no-snapshot", action="store_true",
+                        help="start({snapshot: false}): Python starts, no snapshot restored")
     parser.add_argument("--chromium-arg", action="append", default=[],
                         help="extra Chromium flag (repeatable)")
     parser.add_argument("--json", action="store_true", help="also print the loads as JSON")
@@ -85,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             page = context.new_page()
             page.on("pageerror", lambda e: print(f"[pageerror] {e}", flush=True))
             page.goto(url + "index.html")
-            out = page.evaluate(START)
+            out = page.evaluate(START, {"snapshot": False} if args.no_snapshot else {})
             page.close()
             if shared is None:
                 context.close()
