@@ -27,6 +27,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, ClassVar
 
+import webbundle  # the bundle's bytecode and Pyodide snapshot (beside this file)
+
 ROOT = Path(__file__).resolve().parent
 DIST = ROOT / "dist"
 
@@ -274,10 +276,11 @@ def copy_pyscript(dest: Path) -> None:
     (dest / "VERSION").write_text(version + "\n")
 
 
-def build_web() -> Path:
-    """Assemble dist/web/: Pyodide core, micropip + packaging, PyScript, the tensorgrad wheel,
-    web/ files, demos/, manifest.json. Built beside and swapped in, so a running server never
-    sees half."""
+def build_web(snapshot: bool = True) -> Path:
+    """Assemble dist/web/: Pyodide core (its stdlib with bytecode), micropip + packaging,
+    PyScript, the tensorgrad wheel (with bytecode), web/ files, demos/, manifest.json and, unless
+    `snapshot` is false, a Pyodide memory snapshot (webbundle.py). Built beside and swapped in,
+    so a running server never sees half."""
     ensure_node_modules()
     wheel = build_wheel()
     tmp = DIST / f".web.{os.getpid()}"
@@ -287,6 +290,11 @@ def build_web() -> Path:
     npm_core = ROOT / "node_modules" / "pyodide"
     for fname in PYODIDE_CORE:
         shutil.copy2(npm_core / fname, core / fname)
+    with zipfile.ZipFile(wheel) as zf:
+        sources = {n: zf.read(n) for n in zf.namelist() if n.endswith(".py")}
+    bytecode = webbundle.pyodide_bytecode(CACHE, npm_core, sources)
+    if bytecode:
+        shutil.copy2(bytecode[0], core / "python_stdlib.zip")
     lock = json.loads((npm_core / "pyodide-lock.json").read_text())
     for name, version in PYPI_WHEELS.items():
         entry = lock["packages"][name]
@@ -297,7 +305,7 @@ def build_web() -> Path:
         entry["file_name"], entry["sha256"] = src.name, _sha256(src)
     (core / "pyodide-lock.json").write_text(json.dumps(lock))
     copy_pyscript(tmp / "pyscript")
-    shutil.copy2(wheel, tmp / wheel.name)
+    webbundle.web_wheel(wheel, tmp, bytecode[1] if bytecode else {})
     if (ROOT / "web").is_dir():
         shutil.copytree(ROOT / "web", tmp, dirs_exist_ok=True)
     demos: list[str] = []
@@ -320,6 +328,12 @@ def build_web() -> Path:
         (tmp / "index.html").write_text(
             "<!doctype html><meta charset=utf-8><title>tensorgrad</title>\n"
             f"<h1>tensorgrad {manifest['version']}</h1>\n<ul>\n{links}\n</ul>\n")
+    if snapshot:
+        inputs = [tmp / wheel.name, *(core / f for f in PYODIDE_CORE), tmp / "worker.mjs"]
+        entry = webbundle.make_snapshot(tmp, CACHE, inputs, CHROMIUM)
+        if entry:
+            manifest["snapshot"] = entry
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     old = DIST / f".web-old.{os.getpid()}"
     if WEB.exists():
         os.replace(WEB, old)
@@ -386,18 +400,21 @@ CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
+NO_SNAPSHOT_HELP = "no Pyodide memory snapshot (it needs Chromium; the worker starts Python)"
+
+
 def cmd_wheel(args: argparse.Namespace) -> int:
     print(build_wheel())
     return 0
 
 
 def cmd_web(args: argparse.Namespace) -> int:
-    print(build_web())
+    print(build_web(snapshot=not args.no_snapshot))
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    build_web()
+    build_web(snapshot=not args.no_snapshot)
     server = serve_web(args.port)
     print(f"serving {WEB} at {server_url(server)}  (Ctrl-C stops)", flush=True)
     try:
@@ -462,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_test)
     p = sub.add_parser("serve", help="build the wheel and dist/web/, serve it on 127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("demo", help="train a demo in headless Chromium, print its progress")
     p.add_argument("name")
@@ -472,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("wheel", help="build dist/tensorgrad-*.whl")
     p.set_defaults(func=cmd_wheel)
     p = sub.add_parser("web", help="assemble dist/web/")
+    p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)
     p.set_defaults(func=cmd_web)
     args, extra = parser.parse_known_args(argv)
     if args.command == "test":  # everything else goes to pytest: build.py test -k adam -x

@@ -5,7 +5,7 @@ Write a model against the op set (`tg.matmul`, `tg.relu`, ... and layers such as
 and `await train.step(**data)`. See the README for a complete example.
 """
 
-from . import export, init, lr, ops, optim
+from . import init, lr, ops, optim
 from .api import Forward, Training, compile, compile_forward, default_device
 from .compiler import trace, trace_forward
 from .errors import (
@@ -40,3 +40,13 @@ __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
     "trace_forward",
     *sorted(_PUBLIC),
 ]
+
+
+def __getattr__(name: str):
+    """`tg.export` is imported on first use: a compile does not need it, and its import is a
+    sizeable part of tensorgrad's start-up in the browser (Pyodide)."""
+    if name == "export":
+        import importlib
+
+        return importlib.import_module(".export", __name__)
+    raise AttributeError(f"module 'tensorgrad' has no attribute {name!r}")

@@ -15,6 +15,7 @@ above (or the built-in) of that name, so ``except tg.ShapeError`` works on the p
 from __future__ import annotations
 
 import builtins
+import functools
 import os
 import sys
 import sysconfig
@@ -26,15 +27,20 @@ __all__ = ["ERRORS", "AbortError", "DeviceLimitError", "DeviceLostError", "PlanE
            "remote_error", "user_call_site"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-# Frames from the standard library (asyncio's event loop, ...) are never the user's line;
-# installed packages (site-packages, under the stdlib folder) can be.
-_STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
+@functools.cache
+def _stdlib_dir() -> str:
+    """The stdlib folder (asked on first use: sysconfig is slow to load in Pyodide)."""
+    return os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 
 
 def _is_internal(filename: str) -> bool:
+    # Frames from the standard library (asyncio's event loop, ...) are never the user's line;
+    # installed packages (site-packages, under the stdlib folder) can be.
     if filename.startswith(("<frozen", _PACKAGE_DIR + os.sep)):
         return True
-    return filename.startswith(_STDLIB_DIR) and "-packages" + os.sep not in filename
+    return filename.startswith(_stdlib_dir()) and "-packages" + os.sep not in filename
 
 
 def user_call_site(limit: int = 3) -> str:

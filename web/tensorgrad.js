@@ -59,7 +59,8 @@ export class Session {
     this.pending = new Map();  // id → {resolve, reject, onPost}
     this.nextId = 1;
     this.dead = null;          // an Error once the worker is gone
-    this.timings = null;       // from the "ready" progress message
+    this.timings = null;       // from the "ready" progress message: {pyodideMs, wheelMs, ...}
+    this.install = null;       // from "ready" too: {path: "unpack" | "micropip", snapshot, wheels}
     this.protocol = null;      // {kind: {required, optional}}, from the "ready" message
     this.watched = null;       // the lock request that notices the worker's death
   }
@@ -242,13 +243,19 @@ export class Train extends Forward {
 }
 
 /** Start a worker and resolve when Pyodide and tensorgrad are loaded.
- *  onProgress({stage, ms, ...}): stage is loading-pyodide, installing, ready (with timings). */
-export function start({ onProgress, workerUrl = DEFAULT_WORKER, wheelUrl, indexURL } = {}) {
+ *  onProgress({stage, ms, ...}): stage is loading-pyodide, installing, ready (with timings).
+ *  The worker restores the bundle's Pyodide snapshot where it can (snapshot: false starts
+ *  Python instead) and unpacks a pure-Python wheel straight into site-packages (install:
+ *  "micropip" installs every wheel with micropip instead); session.install says what it did. */
+export function start({ onProgress, workerUrl = DEFAULT_WORKER, wheelUrl, indexURL,
+                        install, snapshot = true } = {}) {
   const url = new URL(workerUrl, self.location.href);
   const lock = `tensorgrad-worker-${crypto.randomUUID?.() ?? Math.random()}`;
   if (url.protocol !== "blob:" && url.protocol !== "data:") url.searchParams.set("lock", lock);
   if (wheelUrl) url.searchParams.append("wheel", new URL(wheelUrl, self.location.href).href);
   if (indexURL) url.searchParams.set("indexURL", new URL(indexURL, self.location.href).href);
+  if (install) url.searchParams.set("install", install);
+  if (!snapshot) url.searchParams.set("snapshot", "off");
   const worker = new Worker(url, { type: "module" });
   const session = new Session(worker);
   return new Promise((resolve, reject) => {
@@ -268,6 +275,7 @@ export function start({ onProgress, workerUrl = DEFAULT_WORKER, wheelUrl, indexU
         onProgress?.(msg);
         if (msg.stage === "ready") {
           session.timings = msg.timings;
+          session.install = msg.install ?? null;
           session.protocol = msg.protocol ?? null;
           resolve(session);
         } else if (msg.stage === "error") {

@@ -319,8 +319,14 @@ class Session:
 
     @property
     def timings(self) -> dict[str, Any]:
-        """The worker's start-up timings (ms): pyodideMs, micropipMs, wheelMs, importMs..."""
+        """The worker's start-up timings (ms): pyodideMs, wheelMs, micropipMs, importMs..."""
         return from_js(self.js.timings) or {}
+
+    @property
+    def install(self) -> dict[str, Any]:
+        """How the worker started: ``{path: "unpack" | "micropip", snapshot: {used, ...},
+        wheels}`` (the wheel's install path, whether the bundle's Pyodide snapshot was used)."""
+        return from_js(self.js.install) or {}
 
     @property
     def dead(self) -> bool:
