@@ -6,6 +6,7 @@ order. Leaves are `param`, `input` and `state` nodes, named by `attrs["name"]`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import prod
 from typing import Any, Literal
@@ -114,7 +115,7 @@ class FusedProgram:
 
     nodes: tuple[Node, ...]
 
-    def core(self, is_core: Any) -> int | None:
+    def core(self, is_core: Callable[[Node], bool]) -> int | None:
         """Local index of the node for which `is_core(node)` holds (None: none)."""
         found = [n.id for n in self.nodes if is_core(n)]
         if len(found) > 1:

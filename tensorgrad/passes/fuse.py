@@ -17,7 +17,7 @@ moved through a permute), and each external input is read at that index
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..codegen.kernel import EmitContext, Kernel
@@ -105,21 +105,55 @@ def fuse_elementwise(graph: Graph, protected: Iterable[int], max_inputs: int = M
         reads = groups[node.id][1] if node.id in groups else node.inputs
         inlined.difference_update(reads)
 
+    # A recomputed node survives only where some node still reads it.
+    return merge_groups(graph, {root: members for root, (members, _) in groups.items()},
+                        inlined, protected)
+
+
+def group_program(graph: Graph, members: list[int]) -> tuple[FusedProgram, list[int]]:
+    """The program of `members` (topological order, the result last; `fused` members are
+    expanded into their own programs) and its external inputs (graph ids)."""
+    nodes: list[Node] = []
+    value: dict[int, int] = {}  # graph id -> local index of its value
+    externals: list[int] = []
+
+    def ref(i: int) -> int:
+        if i in value:
+            return value[i]
+        if i not in externals:
+            externals.append(i)
+        return -(externals.index(i) + 1)
+
+    def add(op: str, inputs: tuple[int, ...], like: Node) -> int:
+        nodes.append(Node(len(nodes), op, inputs, like.attrs, like.shape, like.dtype))
+        return len(nodes) - 1
+
+    for m in members:
+        node = graph[m]
+        if node.op == "fused":
+            inner: dict[int, int] = {}
+            for pn in node.attrs["program"].nodes:
+                inner[pn.id] = add(pn.op, tuple(inner[r] if r >= 0 else ref(node.inputs[-r - 1])
+                                                for r in pn.inputs), pn)
+            value[m] = inner[len(node.attrs["program"].nodes) - 1]
+        else:
+            value[m] = add(node.op, tuple(ref(i) for i in node.inputs), node)
+    return FusedProgram(tuple(nodes)), externals
+
+
+def merge_groups(graph: Graph, groups: Mapping[int, list[int]], absorbed: set[int],
+                 protected: set[int]) -> tuple[Graph, dict[int, int]]:
+    """The graph with each group (its last member -> its members, topological order) made one
+    `fused` node at its last member's place; `absorbed` nodes go, and so does any other node
+    that nothing reads any more. Returns it and the map old id -> new id."""
     out = Graph()
     remap: dict[int, int] = {}
     for node in graph.nodes:
-        if node.id in inlined:
+        if node.id in absorbed and node.id not in groups:
             continue
         if node.id in groups:
-            members, ext = groups[node.id]
-            local = {m: k for k, m in enumerate(members)}
-            program = FusedProgram(tuple(
-                Node(local[m], graph[m].op,
-                     tuple(local[i] if i in local else -(ext.index(i) + 1)
-                           for i in graph[m].inputs),
-                     graph[m].attrs, graph[m].shape, graph[m].dtype)
-                for m in members))
-            new = out.add("fused", tuple(remap[i] for i in ext), {"program": program},
+            program, externals = group_program(graph, groups[node.id])
+            new = out.add("fused", tuple(remap[i] for i in externals), {"program": program},
                           node.shape, node.dtype, node.site)
         else:
             new = out.add(node.op, tuple(remap[i] for i in node.inputs), node.attrs,
@@ -127,7 +161,6 @@ def fuse_elementwise(graph: Graph, protected: Iterable[int], max_inputs: int = M
         remap[node.id] = new.id
     out.outputs = [remap[i] for i in graph.outputs]
     out.captures = {k: remap[v] for k, v in graph.captures.items()}
-    # A recomputed node survives only where some node still reads it.
     return drop_unread(out, remap, protected)
 
 

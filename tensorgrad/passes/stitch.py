@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from ..codegen.program import LAYOUT_OPS, count_arithmetic, program_reads
 from ..ir import LEAF_OPS, FusedProgram, Graph, Node
 from ..ops.registry import OPS
-from .fuse import MAX_INPUTS, drop_unread
+from .fuse import MAX_INPUTS, group_program, merge_groups
 
 
 def _inlinable(node: Node) -> bool:
@@ -106,37 +106,6 @@ def _epilogue(graph: Graph, core: Node, users: list[list[int]], blocked: set[int
     return consumer.id
 
 
-def _program(graph: Graph, members: list[int]) -> tuple[FusedProgram, list[int]]:
-    """The program of `members` (topological order, the result last; `fused` members are
-    expanded into their own programs) and its external inputs (graph ids)."""
-    nodes: list[Node] = []
-    value: dict[int, int] = {}  # graph id -> local index of its value
-    externals: list[int] = []
-
-    def ref(i: int) -> int:
-        if i in value:
-            return value[i]
-        if i not in externals:
-            externals.append(i)
-        return -(externals.index(i) + 1)
-
-    def add(op: str, inputs: tuple[int, ...], like: Node) -> int:
-        nodes.append(Node(len(nodes), op, inputs, like.attrs, like.shape, like.dtype))
-        return len(nodes) - 1
-
-    for m in members:
-        node = graph[m]
-        if node.op == "fused":
-            inner: dict[int, int] = {}
-            for pn in node.attrs["program"].nodes:
-                inner[pn.id] = add(pn.op, tuple(inner[r] if r >= 0 else ref(node.inputs[-r - 1])
-                                                for r in pn.inputs), pn)
-            value[m] = inner[len(node.attrs["program"].nodes) - 1]
-        else:
-            value[m] = add(node.op, tuple(ref(i) for i in node.inputs), node)
-    return FusedProgram(tuple(nodes)), externals
-
-
 def stitch_kernels(graph: Graph, protected: Iterable[int], max_inputs: int = MAX_INPUTS
                    ) -> tuple[Graph, dict[int, int]]:
     """A new graph with prologues and epilogues merged into the kernels that allow them;
@@ -163,24 +132,9 @@ def stitch_kernels(graph: Graph, protected: Iterable[int], max_inputs: int = MAX
         if len(members) == 1:
             continue
         ordered = sorted(members)
-        if len(_program(graph, ordered)[1]) > max_inputs:
+        if len(group_program(graph, ordered)[1]) > max_inputs:
             continue  # over the binding limit: leave this one unstitched
         taken |= members - copies
         merges[ordered[-1]] = ordered
 
-    out = Graph()
-    remap: dict[int, int] = {}
-    for node in graph.nodes:
-        if node.id in taken and node.id not in merges:
-            continue  # (copies stay until nothing reads them)
-        if node.id in merges:
-            program, externals = _program(graph, merges[node.id])
-            new = out.add("fused", tuple(remap[i] for i in externals), {"program": program},
-                          node.shape, node.dtype, node.site)
-        else:
-            new = out.add(node.op, tuple(remap[i] for i in node.inputs), node.attrs,
-                          node.shape, node.dtype, node.site)
-        remap[node.id] = new.id
-    out.outputs = [remap[i] for i in graph.outputs]
-    out.captures = {k: remap[v] for k, v in graph.captures.items()}
-    return drop_unread(out, remap, protected)
+    return merge_groups(graph, merges, taken, protected)  # (copies stay while read)
