@@ -66,6 +66,9 @@ def main() -> int:
     except Exception as err:  # noqa: BLE001 - the finding is the report
         failed = True
         print(f"FOUND: {type(err).__name__}: {err}")
+        for sub in getattr(err, "exceptions", [err]):  # each distinct failure, with its program
+            notes = "\n".join(getattr(sub, "__notes__", []))
+            print(f"--- {type(sub).__name__}: {str(sub)[:2000]}\n{notes[:3000]}")
     seconds = time.perf_counter() - t0
     print(f"{sum(outcomes.values())} programs in {seconds:.0f} s: {outcomes['matched']} matched "
           f"the reference, {outcomes['rejected']} rejected with a clear trace error")

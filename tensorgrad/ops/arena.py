@@ -69,6 +69,12 @@ define("pack", infer=_infer_pack, ref=_ref_pack, vjp=GRAD_ERROR, emit=_emit_pack
        doc="Tensors side by side in one flat f32 arena (placed by the buffer plan, no kernel).")
 
 
+define("copy", infer=lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
+       ref=lambda args, node: __import__("numpy").array(args[0], copy=True), vjp=GRAD_ERROR,
+       expr=lambda node: "a0",
+       doc="The input in a buffer of its own (an arena member the plan cannot place).")
+
+
 def pack(xs: Sequence[Tensor], offsets: Sequence[int], size: int) -> Tensor:
     """The arena [size] holding each of `xs` (flattened) at its element offset."""
     return record("pack", list(xs), offsets=tuple(int(o) for o in offsets), size=int(size))

@@ -16,6 +16,7 @@ from typing import Literal
 from ..ir import Graph
 from .dce import eliminate_dead_code
 from .fuse import fuse_elementwise
+from .packs import separate_pack_members
 from .split_k import split_long_contractions
 from .stitch import stitch_kernels
 
@@ -41,7 +42,9 @@ PASSES: list[Pass] = [
     Pass("fuse elementwise chains", "after_optimizer", fuse_elementwise, option="fuse"),
     Pass("stitch prologues and epilogues into kernels", "after_optimizer", stitch_kernels,
          option="fuse"),
+    # Last: the buffer plan must be able to place every arena member.
+    Pass("copy arena members the plan cannot place", "after_optimizer", separate_pack_members),
 ]
 
 __all__ = ["PASSES", "Pass", "Phase", "eliminate_dead_code", "fuse_elementwise",
-           "split_long_contractions", "stitch_kernels"]
+           "separate_pack_members", "split_long_contractions", "stitch_kernels"]

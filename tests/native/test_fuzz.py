@@ -72,3 +72,17 @@ def test_the_fuzzer_reaches_both_outcomes(gpu_device) -> None:
     assert asyncio.run(check_program(gpu_device, bad)) == "rejected"
     fine = Program(((2, 3), (3, 4)), (("matmul", (0, 1, 0, 0)), ("tanh", (2, 0, 0, 0))))
     assert asyncio.run(check_program(gpu_device, fine)) == "matched"
+
+
+# Found by `bench/fuzz.py --kernels hardware` (2026-12-03), both in the arena packing of the
+# gradients: two params with one gradient node (packed twice), and a gradient computed from
+# another one (its kernel would read and write the arena). Such a pack keeps its copy kernel.
+FOUND = [
+    Program(((), ()), (("add", (0, 1, 0, 0)),)),
+    Program(((), (1,)), (("relu", (0, 0, 0, 0)), ("add", (0, 1, 0, 0)))),
+]
+
+
+def test_programs_the_fuzzer_found(gpu_device) -> None:
+    for program in FOUND:
+        assert asyncio.run(check_program(gpu_device, program)) == "matched", program

@@ -194,6 +194,7 @@ CASES += [
     Case("pack", lambda a, b: oo_pack([a, b], (0, 64), 128), [G, Arg((5,))],
          np_fn=lambda a, b: np.concatenate([a.reshape(-1), np.zeros(52), b, np.zeros(59)]),
          grad=False),
+    Case("copy", lambda a: record("copy", [a]), [G], np_fn=lambda a: a, grad=False),
     Case("sumsq_partials", lambda a, b: record("sumsq_partials", [a, b]),
          [G, Arg((700,))], np_fn=lambda a, b: _sumsq_partials(oo.guard_width([12, 700]), a, b),
          grad=False),
@@ -202,7 +203,7 @@ CASES += [
          name="total-of-10"),
 ]
 COVERS = ["grad_sumsq", "grad_norm_total", "adam_moments", "adam_update_p", "sgd_velocity",
-          "sgd_update_p", "finite_partials", "step_ok", "sumsq_partials", "pack"]
+          "sgd_update_p", "finite_partials", "step_ok", "sumsq_partials", "pack", "copy"]
 
 
 @pytest.mark.parametrize("case", params_for(CASES))
@@ -627,3 +628,20 @@ def test_a_none_flag_leaves_the_choice_to_the_filter() -> None:
     assert plan.decayed == ("p2",)
     _, _, _, plan = build(optim.SGD(0.1, weight_decay=0.1, decay_filter=False), {"p1": True})
     assert plan.decayed == ("p1",)
+
+
+@pytest.mark.parametrize("shapes, expect", [
+    (((), ()), 2),     # one gradient node for both params: both occurrences are copied
+    (((), (1,)), 1),   # the 0-d param's gradient is summed from the other's: it is copied
+    (((3,), (4,)), 0),
+])
+def test_arena_members_the_plan_cannot_place_are_copied(shapes, expect) -> None:
+    from tensorgrad.compiler import Options, Request, compile_graph
+    from tests.fuzz_graphs import FuzzModel, Program, fuzz_loss
+
+    steps = (("add", (0, 1, 0, 0)),) if shapes[0] == shapes[1] or shapes[1] == (1,) else \
+        (("sum", (0, 0, 0, 0)), ("sum", (1, 0, 0, 0)), ("add", (2, 3, 0, 0)))
+    model = FuzzModel(Program(shapes, steps))
+    c = compile_graph(Request("training", model, fuzz_loss, {}, optimizer=optim.SGD(lr=0.1),
+                              seed=0), Options(), until="plan")   # plans without a PlanError
+    assert sum(n.op == "copy" for n in c.graph.nodes) == expect
