@@ -36,24 +36,26 @@ def test_fused_kernels_match_reference(gpu_device, case: Case) -> None:
         assert "fused" in ops
 
 
+async def train_losses(device, mod, model: tg.Module, fuse: bool, steps: int
+                       ) -> tuple[list[float], int]:
+    """The losses of `steps` training steps of a demo module's model (seed 3), and the
+    kernel count, with fusion (and stitching) on or off."""
+    train = await tg.compile(model=model, loss=mod.loss_fn, inputs=mod.INPUTS,
+                             optimizer=mod.optimizer(), device=device, seed=3, fuse=fuse)
+    rng = random.Random(3)
+    out = []
+    for _ in range(steps):
+        r = await train.step(**mod.batch(rng))
+        assert r.kind == "completed", r
+        out.append(r.loss)
+    count = train.kernel_count
+    train.destroy()
+    return out, count
+
+
 def test_training_with_and_without_fusion_agree(gpu_device) -> None:
     mod = demo("mlp_sin")
-
-    async def losses(fuse: bool) -> tuple[list[float], int]:
-        train = await tg.compile(model=mod.MLP(), loss=mod.loss_fn, inputs=mod.INPUTS,
-                                 optimizer=mod.optimizer(), device=gpu_device, seed=3,
-                                 fuse=fuse)
-        rng = random.Random(3)
-        out = []
-        for _ in range(15):
-            r = await train.step(**mod.batch(rng))
-            assert r.kind == "completed", r
-            out.append(r.loss)
-        count = train.kernel_count
-        train.destroy()
-        return out, count
-
-    fused, n_fused = asyncio.run(losses(True))
-    plain, n_plain = asyncio.run(losses(False))
+    fused, n_fused = asyncio.run(train_losses(gpu_device, mod, mod.MLP(), True, 15))
+    plain, n_plain = asyncio.run(train_losses(gpu_device, mod, mod.MLP(), False, 15))
     assert n_fused < n_plain
     assert fused == pytest.approx(plain, rel=1e-5)

@@ -4,7 +4,6 @@ prologues and epilogues against the reference, and training with them."""
 from __future__ import annotations
 
 import asyncio
-import random
 
 import pytest
 
@@ -15,6 +14,7 @@ from tensorgrad.passes import fuse_elementwise, stitch_kernels
 from tests.harness import Arg, Case, build
 from tests.kernel_check import check_graph_kernels
 from tests.models import demo
+from tests.native.test_fusion import train_losses
 
 COVERS = {"fused"}
 
@@ -67,23 +67,10 @@ def test_every_matmul_variant_takes_prologues_and_epilogues(gpu_device, monkeypa
 
 def test_training_the_transformer_with_and_without_fusion_agrees(gpu_device) -> None:
     mod = demo("addition_transformer")
-
-    async def losses(fuse: bool) -> tuple[list[float], int]:
-        train = await tg.compile(model=mod.AdditionTransformer(), loss=mod.loss_fn,
-                                 inputs=mod.INPUTS, optimizer=mod.optimizer(),
-                                 device=gpu_device, seed=3, fuse=fuse)
-        rng = random.Random(3)
-        out = []
-        for _ in range(4):
-            r = await train.step(**mod.batch(rng))
-            assert r.kind == "completed", r
-            out.append(r.loss)
-        count = train.kernel_count
-        train.destroy()
-        return out, count
-
-    fused, n_fused = asyncio.run(losses(True))
-    plain, n_plain = asyncio.run(losses(False))
+    fused, n_fused = asyncio.run(train_losses(gpu_device, mod, mod.AdditionTransformer(),
+                                              True, 4))
+    plain, n_plain = asyncio.run(train_losses(gpu_device, mod, mod.AdditionTransformer(),
+                                              False, 4))
     assert n_fused <= 200 < n_plain
     assert fused == pytest.approx(plain, rel=1e-4)
 
