@@ -133,6 +133,7 @@ class GPUProfile:
     dispatches: int
     replays: int
     period_ns: float          # nanoseconds per timestamp tick used
+    per_dispatch_ms: list[float] = field(default_factory=list)  # in dispatch order
 
 
 def has_timestamps(device: Any) -> bool:
@@ -216,6 +217,7 @@ def profile_program(device: Any, program: Any, replays: int = 3
         return None, "no 'timestamp-query' feature on this adapter"
     period = timestamp_period(device)
     busy, span, kinds = [], [], defaultdict(list)
+    each: list[list[float]] = []
     try:
         for _ in range(max(1, replays)):
             rows = _replay(device, ops)
@@ -225,6 +227,7 @@ def profile_program(device: Any, program: Any, replays: int = 3
             for label, start, end in rows:
                 per_kind[label] += max(0, end - start) * period / 1e6
             busy.append(sum(per_kind.values()))
+            each.append([max(0, end - start) * period / 1e6 for _, start, end in rows])
             span.append((max(e for _, _, e in rows) - min(s for _, s, _ in rows)) * period / 1e6)
             for label in {r[0] for r in rows}:
                 kinds[label].append(per_kind[label])
@@ -238,4 +241,5 @@ def profile_program(device: Any, program: Any, replays: int = 3
     for label, _, _ in rows:
         counts[label] += 1
     return GPUProfile(statistics.median(busy), statistics.median(span), by_kind,
-                      {k: counts[k] for k in by_kind}, len(rows), len(busy), period), ""
+                      {k: counts[k] for k in by_kind}, len(rows), len(busy), period,
+                      [statistics.median(times) for times in zip(*each)]), ""

@@ -48,6 +48,8 @@ class GPTConfig:
 
 GPT_FULL = GPTConfig()
 GPT_TINY = GPTConfig(d=64, layers=2, heads=4, t=16, batch=8)  # --quick
+# GPT-2 small's shape (untied head: 162M params), GPT-2's vocabulary padded to 50,304
+GPT2_SMALL = GPTConfig(d=768, layers=12, heads=12, t=256, batch=32, vocab=50304)
 
 
 class GPTBlock(tg.Module):
@@ -154,12 +156,13 @@ def _transformer(rng: random.Random, quick: bool) -> Bench:
                   "answer_from": demo.ANSWER_FROM})
 
 
-def _gpt(rng: random.Random, quick: bool) -> Bench:
-    c = GPT_TINY if quick else GPT_FULL
+def _gpt(rng: random.Random, quick: bool, full: GPTConfig = GPT_FULL,
+         name: str = "gpt") -> Bench:
+    c = GPT_TINY if quick else full
     opt = tg.optim.AdamW(lr=c.lr, weight_decay=c.weight_decay, clip_grad_norm=c.clip)
     inputs = {"tokens": ((c.batch, c.t), "i32"), "positions": ((c.t,), "i32"),
               "targets": ((c.batch, c.t), "i32")}
-    return Bench("gpt", GPT(c), gpt_loss, inputs, opt, [gpt_batch(rng, c) for _ in range(4)],
+    return Bench(name, GPT(c), gpt_loss, inputs, opt, [gpt_batch(rng, c) for _ in range(4)],
                  f"D={c.d} L={c.layers} H={c.heads} T={c.t} B={c.batch} V={c.vocab}, AdamW",
                  {"gpt": c})
 
@@ -175,14 +178,18 @@ def _cnn(rng: random.Random, quick: bool) -> Bench:
                  {"batch": demo.BATCH, "side": demo.SIDE})
 
 
+def _gpt2(rng: random.Random, quick: bool) -> Bench:
+    return _gpt(rng, quick, GPT2_SMALL, "gpt2")
+
+
 BUILDERS: dict[str, Callable[[random.Random, bool], Bench]] = {
-    "mlp": _mlp, "transformer": _transformer, "gpt": _gpt, "cnn": _cnn}
+    "mlp": _mlp, "transformer": _transformer, "gpt": _gpt, "cnn": _cnn, "gpt2": _gpt2}
 ALIASES = {"mlp_sin": "mlp", "addition_transformer": "transformer", "mnist_cnn": "cnn"}
 
 
 def make_bench(name: str, seed: int = 0, quick: bool = False) -> Bench:
-    """The :class:`Bench` of model `name` (mlp | transformer | gpt | cnn, or a demo name);
-    `quick` shrinks the GPT (the demo models have fixed sizes)."""
+    """The :class:`Bench` of model `name` (mlp | transformer | gpt | cnn | gpt2, or a demo
+    name); `quick` shrinks the GPTs (the demo models have fixed sizes)."""
     key = ALIASES.get(name, name)
     if key not in BUILDERS:
         raise KeyError(f"unknown model {name!r}: choose from {sorted(BUILDERS)}")

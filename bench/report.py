@@ -23,7 +23,8 @@ Columns (per training step):
                each step as tensorgrad does
   tg/eager, tg/compile   tensorgrad steps/s over torch's (> 1: tensorgrad is faster)
 GPU time by op kind follows the table (op kinds are the dispatch labels: the IR op, or
-'fused' for an elementwise fusion group).
+'fused' for an elementwise fusion group, 'matmul+fused' and the like for a kernel with
+stitched prologues or epilogue).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from gpu_timing import HostTimer, has_timestamps, profile_program, timestamp_per
 from models import ALIASES, BUILDERS, Bench, make_bench
 
 import tensorgrad as tg
+
+DEFAULT_MODELS = ("mlp", "transformer", "gpt", "cnn")  # gpt2 (GPT-2 small) on request
 
 COLUMNS = ["model", "kernels", "encode ms", "submit ms", "host ms", "gpu ms", "steps/s",
            "torch eager", "torch.compile", "tg/eager", "tg/compile"]
@@ -120,9 +123,28 @@ async def bench_tensorgrad(device: Any, bench: Bench, steps: int, warmup: int,
             out["gpu_by_kind_ms"] = profile.by_kind_ms
             out["gpu_by_kind_count"] = profile.by_kind_count
             out["gpu_replays"] = profile.replays
+            out["gpu_top"] = slowest_dispatches(train._exe, profile.per_dispatch_ms)
     finally:
         train.destroy()
     return out
+
+
+def slowest_dispatches(exe: Any, times_ms: list[float], top: int = 12
+                       ) -> list[dict[str, Any]]:
+    """The `top` slowest dispatches of one step: ms, op label, output and input shapes, and
+    for a fused kernel its program (dispatch k runs the k-th node that has a kernel)."""
+    from tensorgrad.runtime import dispatch_label
+
+    graph = exe.graph
+    nodes = [n for n, k in zip(graph.nodes, exe.kernels) if k.threads > 0]
+    rows = []
+    for ms, node in sorted(zip(times_ms, nodes), key=lambda t: -t[0])[:top]:
+        row = {"ms": round(ms, 4), "op": dispatch_label(node), "shape": list(node.shape),
+               "inputs": [list(graph[i].shape) for i in node.inputs]}
+        if node.op == "fused":
+            row["program"] = repr(node.attrs["program"])[:160]
+        rows.append(row)
+    return rows
 
 
 # ----------------------------------------------------------------------------- torch
@@ -253,8 +275,9 @@ def notes(results: list[dict[str, Any]]) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(BUILDERS),
-                        help=f"comma-separated, from {','.join(BUILDERS)} (default: all)")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help=f"comma-separated, from {','.join(BUILDERS)} (default: "
+                             f"{','.join(DEFAULT_MODELS)}; gpt2 is GPT-2 small's shape)")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps per model (default 50; --quick: 3)")
     parser.add_argument("--warmup", type=int, default=None,
@@ -349,6 +372,14 @@ def print_report(report: dict[str, Any]) -> None:
     for r in results:
         for line in kind_lines(r):
             print(line)
+    tops = [r for r in results if r.get("tensorgrad", {}).get("gpu_top")]
+    if tops:
+        print("slowest dispatches (ms, op, output shape <- input shapes):")
+    for r in tops:
+        print(f"  {r['model']}:")
+        for d in r["tensorgrad"]["gpu_top"][:8]:
+            ins = ", ".join(str(tuple(s)) for s in d["inputs"])
+            print(f"    {d['ms']:8.3f}  {d['op']} {tuple(d['shape'])} <- {ins}")
     extra = notes(results)
     if extra:
         print("notes:")

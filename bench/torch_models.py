@@ -132,7 +132,7 @@ def _decay_groups(model: nn.Module, wd: float) -> list[dict[str, Any]]:
 
 
 def make_torch_bench(name: str, config: dict[str, Any], device: torch.device) -> TorchBench:
-    """The twin of bench model `name` (mlp | transformer | gpt | cnn) on `device`."""
+    """The twin of bench model `name` (mlp | transformer | gpt | gpt2 | cnn) on `device`."""
     f32, i64 = torch.float32, torch.int64
     if name == "mlp":
         model = MLP().to(device)
@@ -157,7 +157,7 @@ def make_torch_bench(name: str, config: dict[str, Any], device: torch.device) ->
         return TorchBench(model, loss,
                           torch.optim.AdamW(_decay_groups(model, 0.01), lr=0.005), 1.0,
                           {"tokens": (bt, i64), "targets": (bt, i64), "mask": ((c["t"],), f32)})
-    if name == "gpt":
+    if name in ("gpt", "gpt2"):
         c = config["gpt"]
         model = GPT(c).to(device)
 

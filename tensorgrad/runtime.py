@@ -19,9 +19,11 @@ from .errors import AbortError, PlanError, ShapeError
 from .gpu.interface import BufferSlice, Copy, Dispatch, GPUDevice, split_slice
 from .hostdata import from_bytes, to_bytes
 from .init import ParamSpec, init_params
-from .ir import Graph
+from .codegen.program import is_core
+from .ir import Graph, Node
 from .ops.arena import ALIGN, arena_layout
 from .ops.index import input_index_bounds
+from .ops.registry import OPS
 
 
 class ParamStore:
@@ -266,6 +268,17 @@ def binding(buffers: Sequence[Any], plan: Any, graph: Graph, node_id: int) -> An
     return BufferSlice(handle, base + offset, (max(4, graph[node_id].nbytes) + 3) & ~3)
 
 
+def dispatch_label(node: Node) -> str:
+    """The op a dispatch runs, for profiles and error messages: the IR op, "fused" for an
+    elementwise group, or e.g. "matmul+fused" for a matmul (a reduction, ...) with stitched
+    prologues or epilogue."""
+    if node.op != "fused":
+        return node.op
+    program = node.attrs["program"]
+    core = program.core(lambda n: is_core(n, OPS))
+    return "fused" if core is None else f"{program.nodes[core].op}+fused"
+
+
 def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[Kernel],
                      output_id: int, pipelines: PipelineCache, chunk_size: int,
                      shared: Mapping[int, Any] | None = None,
@@ -290,11 +303,12 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
         for node, kernel in zip(graph.nodes, kernels):
             if kernel.threads <= 0:
                 continue
-            pipeline = pipelines.get(kernel.wgsl, node.op)
+            label = dispatch_label(node)
+            pipeline = pipelines.get(kernel.wgsl, label)
             binds = tuple(binding(buffers, plan, graph, i) for i in (*node.inputs, node.id))
             steps.append(Dispatch(pipeline, binds, dispatch_size(kernel.threads,
                                                                  kernel.workgroup_size),
-                                  node.op))
+                                  label))
         for wb in plan.writebacks:
             src, src_base, _ = split_slice(buffers[wb.src])
             dst, dst_base, _ = split_slice(buffers[wb.dst])
