@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .codegen.kernel import Kernel, dispatch_size
+from .codegen.program import is_core
 from .errors import AbortError, PlanError, ShapeError
 from .gpu.interface import BufferSlice, Copy, Dispatch, GPUDevice, split_slice
 from .hostdata import from_bytes, to_bytes
 from .init import ParamSpec, init_params
-from .codegen.program import is_core
 from .ir import Graph, Node
 from .ops.arena import ALIGN, arena_layout
 from .ops.index import input_index_bounds
