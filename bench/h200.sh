@@ -22,7 +22,7 @@ for part in "${parts[@]}"; do
     profile) timeout 240 python3 bench/report.py --models transformer,gpt,gpt2 --no-torch \
               --steps 10 --warmup 2 --replays 1 --json "$OUT/profile.json" 2>&1 \
               | grep -v XDG | tee "$OUT/profile.txt" ;;
-    matmul) timeout 200 python3 bench/report.py --matmul 2>&1 | grep -v XDG \
+    matmul) timeout 420 python3 bench/report.py --matmul ${MATMUL_ARGS:-} 2>&1 | grep -v XDG \
               | tee "$OUT/matmul.txt" ;;
   esac
 done

@@ -23,10 +23,8 @@ from models import GPT_FULL, GPT_TINY, GPTConfig
 from tensorgrad.codegen.kernel import Target, dispatch_size, emit_node
 from tensorgrad.gpu.interface import Dispatch
 from tensorgrad.ops import OPS, linalg
-from tensorgrad.ops.linalg import MatmulSpec, choose_variant, mm
+from tensorgrad.ops.linalg import VARIANTS, MatmulSpec, choose_variant, mm
 from tensorgrad.tensor import leaf, tracing
-
-VARIANTS = ["naive", "reduce", "blocked", "tiled1", "tiled2", "tiled4", "tiled8"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,15 @@ def shapes(quick: bool) -> list[Shape]:
             Shape("dW up Xᵀ@dY (K=BT)", d, r, h, ta=True),
             Shape("dW down Xᵀ@dY (K=BT)", h, r, d, ta=True),
             Shape("attn q@kᵀ", c.t, hd, c.t, batch=bh, tb=True),
-            Shape("attn p@v", c.t, c.t, hd, batch=bh)]
+            Shape("attn p@v", c.t, c.t, hd, batch=bh),
+            *([] if quick else gpt2_shapes())]
+
+
+def gpt2_shapes() -> list[Shape]:
+    """GPT-2 small's MLP matmuls (R = B·T = 8,192 rows, D = 768)."""
+    r, d = 32 * 256, 768
+    return [Shape("gpt2 fwd up", r, d, 4 * d), Shape("gpt2 fwd down", r, 4 * d, d),
+            Shape("gpt2 dW up (K=BT)", d, r, 4 * d, ta=True)]
 
 
 def _kernel(device: Any, s: Shape, variant: str) -> tuple[Any, Any, str]:

@@ -71,6 +71,12 @@ class Options:
     chunk_size: int = 32
     store: ParamStore | None = None
 
+    @property
+    def parallel_gpu(self) -> bool:
+        """True unless the target is a CPU-emulated GPU (passes that only add parallelism,
+        such as split-K, are off there)."""
+        return self.target is None or not self.target.software
+
     @staticmethod
     def for_device(device: GPUDevice, **kwargs: Any) -> Options:
         return Options(device=device, limits=device.limits,

@@ -141,7 +141,6 @@ REDUCE_MAX_OUTPUTS = 8_192
 REDUCE_MIN_K = 256
 FILL_WORKGROUPS = 128   # enough workgroups to keep a large GPU busy
 BLOCK = 4
-TILE_K = 16
 FORCE_VARIANT: str | None = None  # tests and benchmarks pin a variant here
 
 
@@ -258,17 +257,21 @@ def _tile_header(s: MatmulSpec, tile_m: int, tile_n: int) -> tuple[str, int]:
     return lines, s.batch * tiles_m * tiles_n
 
 
-def _block_store(s: MatmulSpec, bm: int, bn: int) -> str:
+def _block_store(s: MatmulSpec, bm: int, bn: int, checked: bool = True) -> str:
+    """Each thread's bm x bn block `c{r}_{c}` to rows m0 + 16 r, cols n0 + 16 c (`checked`:
+    skipping those outside M, N)."""
     lines = []
     off = f"bt * {w.u(s.m * s.n)} + " if s.batch > 1 else ""
     for r in range(bm):
         row = f"m0 + {w.u(16 * r)}" if r else "m0"
-        lines.append(f"  if ({row} < {w.u(s.m)}) {{")
+        if checked:
+            lines.append(f"  if ({row} < {w.u(s.m)}) {{")
         for c in range(bn):
             col = f"n0 + {w.u(16 * c)}" if c else "n0"
-            lines.append(f"    if ({col} < {w.u(s.n)}) {{ out[{off}({row}) * {w.u(s.n)} + {col}]"
-                         f" = c{r}_{c}; }}")
-        lines.append("  }")
+            store = f"out[{off}({row}) * {w.u(s.n)} + {col}] = c{r}_{c};"
+            lines.append(f"    if ({col} < {w.u(s.n)}) {{ {store} }}" if checked else f"  {store}")
+        if checked:
+            lines.append("  }")
     return "\n".join(lines)
 
 
@@ -294,62 +297,130 @@ def _emit_blocked(ctx: EmitContext, s: MatmulSpec, block: int = BLOCK) -> Kernel
     return w.workgroup_kernel(ctx, "\n".join(lines), groups)
 
 
-def _emit_tiled(ctx: EmitContext, s: MatmulSpec, block: int = BLOCK, tk: int = TILE_K
-                ) -> Kernel:
-    tile, pad = 16 * block, 16 * block + 1
-    head, groups = _tile_header(s, tile, tile)
-    lines = [head, f"  let gm0 = tm * {w.u(tile)};", f"  let gn0 = tn * {w.u(tile)};"]
-    lines += [f"  var c{r}_{c} = 0.0f;" for r in range(block) for c in range(block)]
-    lines.append(f"  for (var k0 = 0u; k0 < {w.u(s.k)}; k0 = k0 + {w.u(tk)}) {{")
-    loads = tile * tk // w.WG
-    for j in range(loads):
+@dataclass(frozen=True)
+class Tiling:
+    """A shared-memory GEMM: a (16 bm) x (16 bn) output tile per workgroup of 16x16 threads,
+    each thread a bm x bn register block (rows ty + 16 r, cols tx + 16 c); K staged in
+    chunks of `tk`. `prefetch`: the next chunk's global loads are issued into registers
+    before the current chunk is multiplied, so their latency hides behind the arithmetic."""
+
+    bm: int
+    bn: int
+    tk: int
+    prefetch: bool = False
+
+    @property
+    def tile_m(self) -> int:
+        return 16 * self.bm
+
+    @property
+    def tile_n(self) -> int:
+        return 16 * self.bn
+
+    def shared_bytes(self) -> int:
+        return 4 * self.tk * (self.tile_m + 1 + self.tile_n + 1)
+
+
+# name -> tiling. "tiledB" are square B x B blocks; "tiledBxC" B x C; a "p" suffix prefetches.
+TILINGS = {
+    "tiled1": Tiling(1, 1, 16), "tiled2": Tiling(2, 2, 16), "tiled4": Tiling(4, 4, 16),
+    "tiled8": Tiling(8, 8, 8), "tiled8x4": Tiling(8, 4, 16), "tiled4x8": Tiling(4, 8, 16),
+    "tiled4p": Tiling(4, 4, 16, True), "tiled8p": Tiling(8, 8, 8, True),
+    "tiled8x4p": Tiling(8, 4, 16, True), "tiled4x8p": Tiling(4, 8, 16, True),
+}
+
+
+VARIANTS = ("naive", "reduce", "blocked", *TILINGS)
+
+
+def _tile_loads(s: MatmulSpec, t: Tiling, operand: str, aligned: bool
+                ) -> tuple[list[str], list[str]]:
+    """(lines before the K loop, per-chunk loads into registers `{operand}v{j}` of the chunk
+    starting at `kc`) for operand "a" or "b" of tiling `t`. Each thread loads
+    tile*tk/256 values, coalesced along the stored operand's contiguous axis."""
+    is_a = operand == "a"
+    tile = t.tile_m if is_a else t.tile_n
+    size, inp = (s.m, "in0") if is_a else (s.n, "in1")
+    contiguous_rows = s.ta if is_a else not s.tb   # stored [K, rows]: rows contiguous
+    base_fn = s.a_base if is_a else s.b_base
+    o0 = "gm0" if is_a else "gn0"
+    pre, loads = [], []
+    for j in range(tile * t.tk // w.WG):
         e = f"lid + {w.u(w.WG * j)}" if j else "lid"
-        # Coalesced along the stored operand's contiguous axis.
-        if s.ta:
-            lines.append(f"    let ak{j} = ({e}) / {w.u(tile)};")
-            lines.append(f"    let am{j} = ({e}) % {w.u(tile)};")
+        x, k = f"{operand}x{j}", f"{operand}k{j}"
+        if contiguous_rows:
+            pre += [f"  let {k} = ({e}) / {w.u(tile)};", f"  let {x} = ({e}) % {w.u(tile)};"]
         else:
-            lines.append(f"    let am{j} = ({e}) / {w.u(tk)};")
-            lines.append(f"    let ak{j} = ({e}) % {w.u(tk)};")
-        base, ast = s.a_base("bt", f"min(gm0 + am{j}, {w.u(s.m - 1)})")
-        idx = _at(base, ast, f"min(k0 + ak{j}, {w.u(s.k - 1)})")
-        lines.append(f"    As[ak{j} * {w.u(pad)} + am{j}] = select(0.0f, in0[{idx}], "
-                     f"gm0 + am{j} < {w.u(s.m)} && k0 + ak{j} < {w.u(s.k)});")
-        if s.tb:
-            lines.append(f"    let bn{j} = ({e}) / {w.u(tk)};")
-            lines.append(f"    let bk{j} = ({e}) % {w.u(tk)};")
+            pre += [f"  let {x} = ({e}) / {w.u(t.tk)};", f"  let {k} = ({e}) % {w.u(t.tk)};"]
+        row = f"({o0} + {x})" if aligned else f"min({o0} + {x}, {w.u(size - 1)})"
+        base, step = base_fn("bt", row)
+        pre.append(f"  let {operand}i{j} = {base};")
+        if aligned:
+            loads.append(f"{operand}v{j} = {inp}[{_at(f'{operand}i{j}', step, f'(kc + {k})')}];")
         else:
-            lines.append(f"    let bk{j} = ({e}) / {w.u(tile)};")
-            lines.append(f"    let bn{j} = ({e}) % {w.u(tile)};")
-        base, bst = s.b_base("bt", f"min(gn0 + bn{j}, {w.u(s.n - 1)})")
-        idx = _at(base, bst, f"min(k0 + bk{j}, {w.u(s.k - 1)})")
-        lines.append(f"    Bs[bk{j} * {w.u(pad)} + bn{j}] = select(0.0f, in1[{idx}], "
-                     f"gn0 + bn{j} < {w.u(s.n)} && k0 + bk{j} < {w.u(s.k)});")
-    lines.append("    workgroupBarrier();")
-    lines.append(f"    for (var kk = 0u; kk < {w.u(tk)}; kk = kk + 1u) {{")
-    lines += [f"      let a{r} = As[kk * {w.u(pad)} + ty + {w.u(16 * r)}];" for r in range(block)]
-    lines += [f"      let b{c} = Bs[kk * {w.u(pad)} + tx + {w.u(16 * c)}];" for c in range(block)]
-    lines += [f"      c{r}_{c} = fma(a{r}, b{c}, c{r}_{c});"
-              for r in range(block) for c in range(block)]
-    lines += ["    }", "    workgroupBarrier();", "  }", _block_store(s, block, block)]
-    prelude = (f"var<workgroup> As: array<f32, {tk * pad}>;\n"
-               f"var<workgroup> Bs: array<f32, {tk * pad}>;")
+            pre.append(f"  let {operand}ok{j} = {o0} + {x} < {w.u(size)};")
+            kk = f"min(kc + {k}, {w.u(s.k - 1)})"
+            loads.append(f"{operand}v{j} = select(0.0f, {inp}[{_at(f'{operand}i{j}', step, kk)}],"
+                         f" {operand}ok{j} && kc + {k} < {w.u(s.k)});")
+    return pre, loads
+
+
+def _emit_tiled(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
+    """A shared-memory GEMM (see :class:`Tiling`); bounds checks are left out when the tile
+    and chunk sizes divide M, N and K."""
+    pad_m, pad_n = t.tile_m + 1, t.tile_n + 1
+    aligned = s.m % t.tile_m == 0 and s.n % t.tile_n == 0 and s.k % t.tk == 0
+    head, groups = _tile_header(s, t.tile_m, t.tile_n)
+    lines = [head, f"  let gm0 = tm * {w.u(t.tile_m)};", f"  let gn0 = tn * {w.u(t.tile_n)};"]
+    pre_a, load_a = _tile_loads(s, t, "a", aligned)
+    pre_b, load_b = _tile_loads(s, t, "b", aligned)
+    lines += pre_a + pre_b
+    lines += [f"  var c{r}_{c} = 0.0f;" for r in range(t.bm) for c in range(t.bn)]
+    lines += [f"  var av{j} = 0.0f;" for j in range(len(load_a))]
+    lines += [f"  var bv{j} = 0.0f;" for j in range(len(load_b))]
+    stores = [f"    As[ak{j} * {w.u(pad_m)} + ax{j}] = av{j};" for j in range(len(load_a))]
+    stores += [f"    Bs[bk{j} * {w.u(pad_n)} + bx{j}] = bv{j};" for j in range(len(load_b))]
+    multiply = [f"    for (var kk = 0u; kk < {w.u(t.tk)}; kk = kk + 1u) {{"]
+    multiply += [f"      let a{r} = As[kk * {w.u(pad_m)} + ty + {w.u(16 * r)}];"
+                 for r in range(t.bm)]
+    multiply += [f"      let b{c} = Bs[kk * {w.u(pad_n)} + tx + {w.u(16 * c)}];"
+                 for c in range(t.bn)]
+    multiply += [f"      c{r}_{c} = fma(a{r}, b{c}, c{r}_{c});"
+                 for r in range(t.bm) for c in range(t.bn)]
+    multiply.append("    }")
+    if t.prefetch:
+        # chunk k0 waits in registers; the next one's loads start before its multiply.
+        last = w.u(s.k - t.tk) if aligned else w.u(s.k)
+        lines.append("  {\n    let kc = 0u;")
+        lines += [f"    {x}" for x in load_a + load_b]
+        lines.append("  }")
+        lines.append(f"  for (var k0 = 0u; k0 < {w.u(s.k)}; k0 = k0 + {w.u(t.tk)}) {{")
+        lines += stores + ["    workgroupBarrier();"]
+        nxt = f"min(k0 + {w.u(t.tk)}, {last})"
+        lines.append(f"    let kc = {nxt};")
+        lines += [f"    {x}" for x in load_a + load_b]
+    else:
+        lines.append(f"  for (var k0 = 0u; k0 < {w.u(s.k)}; k0 = k0 + {w.u(t.tk)}) {{")
+        lines.append("    let kc = k0;")
+        lines += [f"    {x}" for x in load_a + load_b]
+        lines += stores + ["    workgroupBarrier();"]
+    lines += multiply + ["    workgroupBarrier();", "  }"]
+    lines.append(_block_store(s, t.bm, t.bn, checked=not aligned))
+    prelude = (f"var<workgroup> As: array<f32, {t.tk * pad_m}>;\n"
+               f"var<workgroup> Bs: array<f32, {t.tk * pad_n}>;")
     return w.workgroup_kernel(ctx, "\n".join(lines), groups, prelude=prelude)
 
 
 def emit_matmul(ctx: EmitContext, spec: MatmulSpec, variant: str) -> Kernel:
-    """The WGSL kernel of one matmul for `variant` ('naive' | 'reduce' | 'blocked' |
-    'tiled1' | 'tiled2' | 'tiled4' | 'tiled8')."""
+    """The WGSL kernel of one matmul for `variant` (one of :data:`VARIANTS`)."""
     if variant == "naive":
         return _emit_naive(ctx, spec)
     if variant == "reduce":
         return _emit_reduce(ctx, spec)
     if variant == "blocked":
         return _emit_blocked(ctx, spec)
-    if variant in ("tiled1", "tiled2", "tiled4"):
-        return _emit_tiled(ctx, spec, int(variant[-1]))
-    if variant == "tiled8":  # 128x128 tiles, 8x8 per thread; K chunks of 8 (16 KiB of shared)
-        return _emit_tiled(ctx, spec, 8, tk=8)
+    if variant in TILINGS:
+        return _emit_tiled(ctx, spec, TILINGS[variant])
     raise ValueError(f"unknown matmul kernel variant {variant!r}")
 
 

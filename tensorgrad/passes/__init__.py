@@ -27,7 +27,7 @@ PassFn = Callable[[Graph, Iterable[int]], tuple[Graph, dict[int, int]]]
 @dataclass(frozen=True)
 class Pass:
     """One registered pass: `run(graph, roots)` at `phase`; `option` names the boolean compile
-    option that turns it on (None: always on)."""
+    option (or property of the options) that turns it on (None: always on)."""
 
     name: str
     phase: Phase
@@ -38,7 +38,8 @@ class Pass:
 PASSES: list[Pass] = [
     # Gradients nobody reads (frozen inputs) are dropped before the optimizer sees them.
     Pass("eliminate dead code", "after_autograd", eliminate_dead_code),
-    Pass("split long contractions", "after_optimizer", split_long_contractions),
+    Pass("split long contractions", "after_optimizer", split_long_contractions,
+         option="parallel_gpu"),
     Pass("fuse elementwise chains", "after_optimizer", fuse_elementwise, option="fuse"),
     Pass("stitch prologues and epilogues into kernels", "after_optimizer", stitch_kernels,
          option="fuse"),

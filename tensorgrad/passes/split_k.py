@@ -8,8 +8,11 @@ splitting K into S chunks is a free view, `[S, K/S, M]`, and the rewrite is
     matmul(a, b, transpose_a=True)  ->  sum_to_shape(matmul_batched(a', b', transpose_a=True))
 
 with S times more workgroups, each doing 1/S of the work, and one reduction of S partials per
-output. Only matmuls with at least :data:`MIN_WORK` multiply-adds are split (smaller ones gain
-nothing from a second kernel).
+output. Two reasons to split: a big product (at least :data:`MIN_WORK` multiply-adds) is cut
+into chunks of :data:`CHUNK` rows; a small output (fewer than :data:`FILL_TILES` 64x64 tiles,
+e.g. an LM head's [D, vocab] or a narrow model's [D, 4D] gradient) is split until it has
+that many, down to chunks of :data:`MIN_CHUNK` rows. Products under :data:`MIN_FILL_WORK`
+multiply-adds are left alone: a second kernel costs more than they gain.
 """
 
 from __future__ import annotations
@@ -21,16 +24,28 @@ from ..ir import Graph
 MIN_WORK = 1 << 28     # multiply-adds (a 256 x 1024 weight gradient over 1,024 rows)
 CHUNK = 512            # rows of K per partial product, at least
 MAX_SPLITS = 16
+FILL_TILES = 128       # 64x64 output tiles that keep a large GPU busy
+MIN_FILL_WORK = 1 << 22
+MIN_CHUNK = 128
 
 
 def splits_for(m: int, k: int, n: int) -> int:
     """How many chunks to split K into (1: leave the matmul as it is)."""
-    if m * n * k < MIN_WORK or k < 4 * max(m, n):
+    if k < 4 * max(m, n):
         return 1
-    s = 1
-    while s * 2 <= MAX_SPLITS and k % (s * 2) == 0 and k // (s * 2) >= CHUNK:
-        s *= 2
-    return s
+
+    def halvings(until: int, chunk: int) -> int:
+        s = 1
+        while s < until and s * 2 <= MAX_SPLITS and k % (s * 2) == 0 and \
+                k // (s * 2) >= chunk:
+            s *= 2
+        return s
+
+    by_work = halvings(MAX_SPLITS, CHUNK) if m * n * k >= MIN_WORK else 1
+    tiles = -(-m // 64) * -(-n // 64)
+    by_fill = halvings(-(-FILL_TILES // tiles), MIN_CHUNK) \
+        if m * n * k >= MIN_FILL_WORK and tiles < FILL_TILES else 1
+    return max(by_work, by_fill)
 
 
 def split_long_contractions(graph: Graph, protected: Iterable[int]

@@ -9,12 +9,9 @@ import pytest
 import tensorgrad as tg
 from tensorgrad.codegen.kernel import Target
 from tensorgrad.ops import linalg
-from tensorgrad.ops.linalg import MatmulSpec, choose_variant, mm
+from tensorgrad.ops.linalg import VARIANTS, MatmulSpec, choose_variant, mm
 from tests.harness import Arg, Case
 from tests.kernel_check import check_case as check
-
-VARIANTS = ["naive", "reduce", "blocked", "tiled1", "tiled2", "tiled4", "tiled8"]
-
 
 AWKWARD = [
     Case("matmul", tg.matmul, [Arg((2, 33, 17)), Arg((17, 70))], name="flattened"),
@@ -25,8 +22,16 @@ AWKWARD = [
 ]
 
 
+# Sizes every tile and K chunk divides (the tiled kernels' unchecked fast path), with
+# backward (so both transposed forms), and batched.
+ALIGNED = [
+    Case("matmul", tg.matmul, [Arg((256, 32)), Arg((32, 128))], name="aligned"),
+    Case("matmul", tg.matmul, [Arg((2, 128, 48)), Arg((2, 48, 128))], name="aligned-batched"),
+]
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in AWKWARD])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in AWKWARD + ALIGNED])
 def test_forced_variant(gpu_device, monkeypatch, variant: str, case: Case) -> None:
     monkeypatch.setattr(linalg, "FORCE_VARIANT", variant)
     assert {"matmul", "matmul_batched"} & check(gpu_device, case)

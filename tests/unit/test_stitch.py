@@ -152,6 +152,24 @@ def test_kernel_counts_per_step() -> None:
     assert _kernel_count("addition_transformer", "AdditionTransformer") <= 200
 
 
+def test_split_k_is_off_for_cpu_rasterisers() -> None:
+    from tensorgrad.codegen.kernel import Target
+
+    mod = demo("addition_transformer")
+
+    def ops(target: Target) -> list[str]:
+        c = compile_graph(Request("training", mod.AdditionTransformer(), mod.loss_fn,
+                                  mod.INPUTS, optimizer=mod.optimizer(), seed=1),
+                          Options(target=target, fuse=False), until="emit")
+        return [n.op for n in c.graph.nodes]
+
+    # the transformer's [64, 256] and [256, 64] weight gradients over 1,024 rows are split
+    # for a GPU, not for lavapipe / SwiftShader, where a second kernel buys no parallelism
+    software, hardware = ops(Target(software=True)), ops(Target(software=False))
+    assert hardware.count("matmul_batched") >= software.count("matmul_batched") + 6
+    assert len(hardware) > len(software)
+
+
 def test_long_weight_gradients_are_split_along_k() -> None:
     from tensorgrad.passes import split_long_contractions
     from tensorgrad.passes.split_k import splits_for
@@ -159,6 +177,10 @@ def test_long_weight_gradients_are_split_along_k() -> None:
     assert splits_for(256, 4096, 1024) == 8
     assert splits_for(64, 256, 64) == 1          # small: one kernel is enough
     assert splits_for(2048, 4096, 2048) == 1     # K not long beside M, N
+    # few output tiles: split until there are enough (an LM head's gradient, a narrow model)
+    assert splits_for(256, 4096, 65) == 16
+    assert splits_for(256, 1024, 64) == 8
+    assert splits_for(64, 512, 64) == 1          # too little work for a second kernel
     with tracing() as st:
         x = leaf("input", "x", (4096, 256))
         dy = leaf("input", "dy", (4096, 1024))
