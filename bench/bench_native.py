@@ -12,30 +12,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import random
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from models import load_demo
 
 import tensorgrad as tg
 from tensorgrad.gpu.native import request_native_device
 
 TARGETS = {"mlp_sin": 0.01, "addition_transformer": 0.1}
 ALIASES = {"mlp": "mlp_sin", "transformer": "addition_transformer"}
-
-
-def load_demo(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"demo_{name}",
-                                                  ROOT / "demos" / name / "model.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 async def bench_model(device: tg.gpu.GPUDevice, name: str, steps: int, chunk_size: int,

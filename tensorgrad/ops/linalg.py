@@ -140,6 +140,7 @@ def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> 
 REDUCE_MAX_OUTPUTS = 8_192
 REDUCE_MIN_K = 256
 FILL_WORKGROUPS = 128   # enough workgroups to keep a large GPU busy
+MAX_PADDING = 1.25      # most output area (with the tiles' padding) per real output
 BLOCK = 4
 FORCE_VARIANT: str | None = None  # tests and benchmarks pin a variant here
 
@@ -189,8 +190,11 @@ def choose_variant(spec: MatmulSpec, prefer_tiled: bool) -> str:
     if spec.outputs < 1024:
         return "naive"
     for block, enough in ((8, 2 * FILL_WORKGROUPS), (4, FILL_WORKGROUPS), (2, FILL_WORKGROUPS)):
-        tiles = spec.batch * -(-spec.m // (16 * block)) * -(-spec.n // (16 * block))
-        if tiles >= enough:
+        tile = 16 * block
+        tiles_m, tiles_n = -(-spec.m // tile), -(-spec.n // tile)
+        padded = tiles_m * tiles_n * tile * tile
+        # a tile much bigger than the output (an attention head's 64 x 64) computes padding
+        if spec.batch * tiles_m * tiles_n >= enough and padded <= MAX_PADDING * spec.m * spec.n:
             return f"tiled{block}"
     return "tiled1"
 

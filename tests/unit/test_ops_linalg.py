@@ -133,6 +133,8 @@ def test_reference_float64() -> None:
     (MatmulSpec(1, 1, 1024, 1024), True, "reduce"),
     (MatmulSpec(1, 8, 8, 8), True, "naive"),
     (MatmulSpec(64, 16, 16, 16, tb=True), True, "tiled1"),
+    (MatmulSpec(256, 64, 64, 64, tb=True), True, "tiled4"),   # attention heads: no 128 tiles
+    (MatmulSpec(256, 64, 64, 32), True, "tiled2"),
     (MatmulSpec(1, 1024, 1024, 1024), False, "blocked"),
     (MatmulSpec(1, 8, 512, 512), False, "naive"),
     (MatmulSpec(1, 64, 16384, 64), False, "blocked"),
