@@ -93,19 +93,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     return Kernel(wgsl, n)
 
 
-def workgroup_kernel(ctx: EmitContext, body: str, groups: int, prelude: str = "") -> Kernel:
-    """One workgroup of WG invocations per index `g` in [0, groups); `lid` is the local
+def workgroup_kernel(ctx: EmitContext, body: str, groups: int, prelude: str = "",
+                     size: int = WG) -> Kernel:
+    """One workgroup of `size` invocations per index `g` in [0, groups); `lid` is the local
     index. The early return is uniform across the workgroup, so barriers are allowed."""
     wgsl = f"""{bindings(ctx.inputs, ctx.node)}
 {prelude}
-@compute @workgroup_size({WG})
+@compute @workgroup_size({size})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
   let g = wid.x + wid.y * {u(MAX_GROUPS_X)};
   if (g >= {u(groups)}) {{ return; }}
 {body}
 }}
 """
-    return Kernel(wgsl, groups * WG)
+    return Kernel(wgsl, groups * size, size)
 
 
 def elementwise(ctx: EmitContext, expr: str, prelude: str = "") -> Kernel:

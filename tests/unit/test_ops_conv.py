@@ -170,3 +170,14 @@ def test_error_names_user_line() -> None:
     with pytest.raises(ShapeError) as info:
         build(Case("err", lambda x, w: tg.conv2d(x, w), [X, W], grad=False))
     assert "test_ops_conv.py" in str(info.value)
+
+
+@pytest.mark.parametrize("size, most, step, want", [
+    (14, 8, 1, 7), (13, 8, 1, 7), (28, 8, 1, 7), (5, 8, 1, 5), (100, 8, 1, 8),
+    (17, 8, 2, 6), (3, 8, 2, 4), (9, 4, 3, 3), (7, 1, 5, 5),
+])
+def test_tile_runs_split_an_axis_evenly(size, most, step, want) -> None:
+    """Outputs per thread along an axis of the software kernels: a multiple of the step, as
+    few runs as `most` allows, as even as possible."""
+    from tensorgrad.ops.conv import _run
+    assert _run(size, most, step) == want
