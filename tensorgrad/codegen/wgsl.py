@@ -138,32 +138,6 @@ WORKGROUP_REDUCE_MAX_OUTPUTS = 32_768
 WORKGROUP_REDUCE_MIN_LENGTH = 256
 
 
-COLUMN_LANES = 8    # columns per workgroup in column_sum_kernel (one 32-byte sector per row)
-
-
-def column_sum_kernel(ctx: EmitContext, rows: int, cols: int) -> Kernel:
-    """out[c] = sum over r of in0[r * cols + c] (in0 [rows, cols] row-major): the gradient of
-    a broadcast bias. Each workgroup sums COLUMN_LANES adjacent columns with WG/COLUMN_LANES
-    row lanes, so every row read is one whole sector, then reduces the lanes in shared
-    memory (the per-output workgroups of reduce_kernel read one float per sector here)."""
-    lanes = WG // COLUMN_LANES
-    groups = -(-cols // COLUMN_LANES)
-    body = f"""  let c = g * {u(COLUMN_LANES)} + lid % {u(COLUMN_LANES)};
-  let lane = lid / {u(COLUMN_LANES)};
-  let cc = min(c, {u(cols - 1)});
-  var part = 0.0f;
-  for (var r = lane; r < {u(rows)}; r = r + {u(lanes)}) {{ part = part + in0[r * {u(cols)} + cc]; }}
-  scratch[lid] = part;
-  workgroupBarrier();
-  for (var s = {u(WG // 2)}; s >= {u(COLUMN_LANES)}; s = s >> 1u) {{
-    if (lid < s) {{ scratch[lid] = scratch[lid] + scratch[lid + s]; }}
-    workgroupBarrier();
-  }}
-  if (lid < {u(COLUMN_LANES)} && c < {u(cols)}) {{ out[c] = scratch[lid]; }}"""
-    return workgroup_kernel(ctx, body, groups,
-                            prelude=f"var<workgroup> scratch: array<f32, {WG}>;")
-
-
 def reduce_kernel(ctx: EmitContext, outputs: int, length: int, index: str,
                   finalize: str = "acc", prelude: str = "") -> Kernel:
     """out[o] = finalize(sum over r in [0, length) of in0[index]), where `index` is a WGSL

@@ -47,10 +47,6 @@ def _emit_sum_to_shape(ctx: EmitContext) -> Kernel:
     kept = [k for k in range(len(src)) if k not in red]
     st = w.strides(src)
     length = prod(src[k] for k in red)
-    if not ctx.target.software and red == tuple(range(len(red))) and \
-            ctx.node.size >= w.COLUMN_LANES and length >= w.WORKGROUP_REDUCE_MIN_LENGTH and \
-            ctx.node.size < w.WORKGROUP_REDUCE_MAX_OUTPUTS:
-        return w.column_sum_kernel(ctx, length, ctx.node.size)  # leading axes: a bias grad
     index = " + ".join([
         w.decompose("o", [src[k] for k in kept], [st[k] for k in kept]),
         w.decompose("r", [src[k] for k in red], [st[k] for k in red])])

@@ -31,20 +31,14 @@ def test_two_d_dispatch(gpu_device) -> None:
     ((70000, 3), (3,), "workgroup"),
     ((40000, 2), (40000, 1), "thread"),      # many outputs, short reduction
     ((6, 1, 7, 5), (7, 1), "thread"),
-    ((1024, 256), (256,), "column"),         # a bias gradient: leading axes summed
-    ((2, 300, 37), (1, 37), "column"),       # columns not a multiple of the lanes
 ])
 def test_sum_to_shape_variants(gpu_device, shape, target, variant) -> None:
     case = Case("sum_to_shape", lambda x: sum_to_shape(x, target), [Arg(shape)],
                 grad=False, name=variant)
     b = build(case, with_grad=False)
     wgsl = emit_node(b.graph, b.graph[b.out], Target(), OPS).wgsl
-    assert ("workgroupBarrier" in wgsl) == (variant in ("workgroup", "column"))
-    assert ("let lane" in wgsl) == (variant == "column")
-    check(gpu_device, case, with_grad=False, target=Target(limits=gpu_device.limits))
-    # CPU rasterisers keep the per-output kernel (their barriers are slow)
-    soft = emit_node(b.graph, b.graph[b.out], Target(software=True), OPS).wgsl
-    assert "let lane" not in soft
+    assert ("workgroupBarrier" in wgsl) == (variant == "workgroup")
+    check(gpu_device, case, with_grad=False)
 
 
 def test_bool_and_i32_kernels(gpu_device) -> None:
