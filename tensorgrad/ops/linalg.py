@@ -127,15 +127,16 @@ def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> 
 #            long K: e.g. a small weight gradient contracting a big batch).
 #   blocked  register-blocked: a 16x16 thread grid per workgroup, each thread a 4x4 block of
 #            outputs (rows ty + 16 r, cols tx + 16 c); no shared memory, no barriers.
-#   tiledB   shared-memory GEMM: a (16 B)x(16 B) output tile per workgroup (B = 1, 2, 4, 8),
-#            K chunks of 16 (8 for B = 8) staged in workgroup memory, each thread a BxB
-#            block; 2 barriers per chunk.
-# Measured on an NVIDIA H200 (Vulkan, f32, 2026-12-03): tiled8 24.1 TFLOP/s at 4096^3 and
-# 22-24 wherever it has >= 256 tiles (2048^3, [4096, 256] @ [256, 1024]), but 9.6-10 with 64
-# tiles, where tiled4 keeps 13.5; tiled4 13-15 from 1024^3 up (blocked 8-13, naive 1.5-2.6);
-# smaller tiles win when 64x64 tiles leave the GPU idle; reduce wins below ~8K outputs with
-# K >= 256. Long-K weight gradients (5.5 unsplit) are split by passes/split_k.py. On CPU rasterisers (lavapipe) barriers are slow: blocked
-# beats naive 2-5x once M, N >= 32, and tiled/reduce lose.
+#   tiledBxC shared-memory GEMM (:class:`Tiling`): a (16 B)x(16 C) output tile per
+#            workgroup, K chunks staged in workgroup memory, each thread a BxC block, 2
+#            barriers per chunk; no bounds checks when the tiles divide M, N and K.
+# Measured on an NVIDIA H200 (Vulkan, f32, 2026-12-03): tiled8 24.3 TFLOP/s at 4096^3 and
+# 22-24 wherever it has >= 256 tiles (2048^3, [4096, 256] @ [256, 1024], GPT-2's MLP), but
+# 9.2-9.9 with 64 tiles ([4096, 1024] @ [1024, 256]), where tiled4x8 gives 14.6-15.2 and
+# tiled4 13.3; prefetching the next chunk into registers gained nothing. Smaller tiles win
+# when bigger ones leave the GPU idle or pad the output; reduce wins below ~8K outputs with
+# K >= 256. Weight gradients with long K are split by passes/split_k.py. On CPU rasterisers
+# (lavapipe) barriers are slow: blocked beats naive 2-5x once M, N >= 32, tiled/reduce lose.
 
 REDUCE_MAX_OUTPUTS = 8_192
 REDUCE_MIN_K = 256
@@ -189,13 +190,14 @@ def choose_variant(spec: MatmulSpec, prefer_tiled: bool) -> str:
         return "reduce"
     if spec.outputs < 1024:
         return "naive"
-    for block, enough in ((8, 2 * FILL_WORKGROUPS), (4, FILL_WORKGROUPS), (2, FILL_WORKGROUPS)):
-        tile = 16 * block
-        tiles_m, tiles_n = -(-spec.m // tile), -(-spec.n // tile)
-        padded = tiles_m * tiles_n * tile * tile
+    for variant, enough in (("tiled8", 2 * FILL_WORKGROUPS), ("tiled4x8", FILL_WORKGROUPS),
+                            ("tiled4", FILL_WORKGROUPS), ("tiled2", FILL_WORKGROUPS)):
+        t = TILINGS[variant]
+        tiles_m, tiles_n = -(-spec.m // t.tile_m), -(-spec.n // t.tile_n)
+        padded = tiles_m * tiles_n * t.tile_m * t.tile_n
         # a tile much bigger than the output (an attention head's 64 x 64) computes padding
         if spec.batch * tiles_m * tiles_n >= enough and padded <= MAX_PADDING * spec.m * spec.n:
-            return f"tiled{block}"
+            return variant
     return "tiled1"
 
 
@@ -305,13 +307,12 @@ def _emit_blocked(ctx: EmitContext, s: MatmulSpec, block: int = BLOCK) -> Kernel
 class Tiling:
     """A shared-memory GEMM: a (16 bm) x (16 bn) output tile per workgroup of 16x16 threads,
     each thread a bm x bn register block (rows ty + 16 r, cols tx + 16 c); K staged in
-    chunks of `tk`. `prefetch`: the next chunk's global loads are issued into registers
-    before the current chunk is multiplied, so their latency hides behind the arithmetic."""
+    chunks of `tk`. (Prefetching the next chunk into registers before the multiply measured
+    no faster on an H200, 2026-12-03, so there is none.)"""
 
     bm: int
     bn: int
     tk: int
-    prefetch: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -325,12 +326,10 @@ class Tiling:
         return 4 * self.tk * (self.tile_m + 1 + self.tile_n + 1)
 
 
-# name -> tiling. "tiledB" are square B x B blocks; "tiledBxC" B x C; a "p" suffix prefetches.
+# name -> tiling. "tiledB" are square B x B blocks; "tiledBxC" B x C.
 TILINGS = {
     "tiled1": Tiling(1, 1, 16), "tiled2": Tiling(2, 2, 16), "tiled4": Tiling(4, 4, 16),
     "tiled8": Tiling(8, 8, 8), "tiled8x4": Tiling(8, 4, 16), "tiled4x8": Tiling(4, 8, 16),
-    "tiled4p": Tiling(4, 4, 16, True), "tiled8p": Tiling(8, 8, 8, True),
-    "tiled8x4p": Tiling(8, 4, 16, True), "tiled4x8p": Tiling(4, 8, 16, True),
 }
 
 
@@ -392,22 +391,10 @@ def _emit_tiled(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
     multiply += [f"      c{r}_{c} = fma(a{r}, b{c}, c{r}_{c});"
                  for r in range(t.bm) for c in range(t.bn)]
     multiply.append("    }")
-    if t.prefetch:
-        # chunk k0 waits in registers; the next one's loads start before its multiply.
-        last = w.u(s.k - t.tk) if aligned else w.u(s.k)
-        lines.append("  {\n    let kc = 0u;")
-        lines += [f"    {x}" for x in load_a + load_b]
-        lines.append("  }")
-        lines.append(f"  for (var k0 = 0u; k0 < {w.u(s.k)}; k0 = k0 + {w.u(t.tk)}) {{")
-        lines += stores + ["    workgroupBarrier();"]
-        nxt = f"min(k0 + {w.u(t.tk)}, {last})"
-        lines.append(f"    let kc = {nxt};")
-        lines += [f"    {x}" for x in load_a + load_b]
-    else:
-        lines.append(f"  for (var k0 = 0u; k0 < {w.u(s.k)}; k0 = k0 + {w.u(t.tk)}) {{")
-        lines.append("    let kc = k0;")
-        lines += [f"    {x}" for x in load_a + load_b]
-        lines += stores + ["    workgroupBarrier();"]
+    lines.append(f"  for (var k0 = 0u; k0 < {w.u(s.k)}; k0 = k0 + {w.u(t.tk)}) {{")
+    lines.append("    let kc = k0;")
+    lines += [f"    {x}" for x in load_a + load_b]
+    lines += stores + ["    workgroupBarrier();"]
     lines += multiply + ["    workgroupBarrier();", "  }"]
     lines.append(_block_store(s, t.bm, t.bn, checked=not aligned))
     prelude = (f"var<workgroup> As: array<f32, {t.tk * pad_m}>;\n"

@@ -123,10 +123,11 @@ def test_reference_float64() -> None:
 
 
 @pytest.mark.parametrize("spec, tiled, want", [
-    (MatmulSpec(1, 1024, 1024, 1024), True, "tiled4"),     # 64 tiles of 128: too few
+    (MatmulSpec(1, 1024, 1024, 1024), True, "tiled4x8"),   # 64 tiles of 128: too few
     (MatmulSpec(1, 2048, 2048, 2048), True, "tiled8"),
     (MatmulSpec(1, 4096, 256, 1024), True, "tiled8"),
-    (MatmulSpec(1, 4096, 1024, 256), True, "tiled4"),
+    (MatmulSpec(1, 4096, 1024, 256), True, "tiled4x8"),    # 15.2 TFLOP/s vs tiled4's 13.3
+    (MatmulSpec(1, 1040, 64, 520), True, "tiled4"),
     (MatmulSpec(1, 512, 8192, 512, ta=True), True, "tiled2"),
     (MatmulSpec(1, 128, 4096, 128, ta=True), True, "tiled1"),
     (MatmulSpec(1, 64, 16384, 64, ta=True), True, "reduce"),
