@@ -307,8 +307,7 @@ def _emit_blocked(ctx: EmitContext, s: MatmulSpec, block: int = BLOCK) -> Kernel
 class Tiling:
     """A shared-memory GEMM: a (16 bm) x (16 bn) output tile per workgroup of 16x16 threads,
     each thread a bm x bn register block (rows ty + 16 r, cols tx + 16 c); K staged in
-    chunks of `tk`. (Prefetching the next chunk into registers before the multiply measured
-    no faster on an H200, 2026-12-03, so there is none.)"""
+    chunks of `tk`."""
 
     bm: int
     bn: int
@@ -321,9 +320,6 @@ class Tiling:
     @property
     def tile_n(self) -> int:
         return 16 * self.bn
-
-    def shared_bytes(self) -> int:
-        return 4 * self.tk * (self.tile_m + 1 + self.tile_n + 1)
 
 
 # name -> tiling. "tiledB" are square B x B blocks; "tiledBxC" B x C.
@@ -339,7 +335,7 @@ VARIANTS = ("naive", "reduce", "blocked", *TILINGS)
 def _tile_loads(s: MatmulSpec, t: Tiling, operand: str, aligned: bool
                 ) -> tuple[list[str], list[str]]:
     """(lines before the K loop, per-chunk loads into registers `{operand}v{j}` of the chunk
-    starting at `kc`) for operand "a" or "b" of tiling `t`. Each thread loads
+    starting at `k0`) for operand "a" or "b" of tiling `t`. Each thread loads
     tile*tk/256 values, coalesced along the stored operand's contiguous axis."""
     is_a = operand == "a"
     tile = t.tile_m if is_a else t.tile_n
@@ -359,12 +355,13 @@ def _tile_loads(s: MatmulSpec, t: Tiling, operand: str, aligned: bool
         base, step = base_fn("bt", row)
         pre.append(f"  let {operand}i{j} = {base};")
         if aligned:
-            loads.append(f"{operand}v{j} = {inp}[{_at(f'{operand}i{j}', step, f'(kc + {k})')}];")
+            loads.append(f"let {operand}v{j} = {inp}[{_at(f'{operand}i{j}', step, f'(k0 + {k})')}];")
         else:
             pre.append(f"  let {operand}ok{j} = {o0} + {x} < {w.u(size)};")
-            kk = f"min(kc + {k}, {w.u(s.k - 1)})"
-            loads.append(f"{operand}v{j} = select(0.0f, {inp}[{_at(f'{operand}i{j}', step, kk)}],"
-                         f" {operand}ok{j} && kc + {k} < {w.u(s.k)});")
+            kk = f"min(k0 + {k}, {w.u(s.k - 1)})"
+            loads.append(f"let {operand}v{j} = select(0.0f, "
+                         f"{inp}[{_at(f'{operand}i{j}', step, kk)}], "
+                         f"{operand}ok{j} && k0 + {k} < {w.u(s.k)});")
     return pre, loads
 
 
@@ -379,8 +376,6 @@ def _emit_tiled(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
     pre_b, load_b = _tile_loads(s, t, "b", aligned)
     lines += pre_a + pre_b
     lines += [f"  var c{r}_{c} = 0.0f;" for r in range(t.bm) for c in range(t.bn)]
-    lines += [f"  var av{j} = 0.0f;" for j in range(len(load_a))]
-    lines += [f"  var bv{j} = 0.0f;" for j in range(len(load_b))]
     stores = [f"    As[ak{j} * {w.u(pad_m)} + ax{j}] = av{j};" for j in range(len(load_a))]
     stores += [f"    Bs[bk{j} * {w.u(pad_n)} + bx{j}] = bv{j};" for j in range(len(load_b))]
     multiply = [f"    for (var kk = 0u; kk < {w.u(t.tk)}; kk = kk + 1u) {{"]
@@ -392,7 +387,6 @@ def _emit_tiled(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
                  for r in range(t.bm) for c in range(t.bn)]
     multiply.append("    }")
     lines.append(f"  for (var k0 = 0u; k0 < {w.u(s.k)}; k0 = k0 + {w.u(t.tk)}) {{")
-    lines.append("    let kc = k0;")
     lines += [f"    {x}" for x in load_a + load_b]
     lines += stores + ["    workgroupBarrier();"]
     lines += multiply + ["    workgroupBarrier();", "  }"]

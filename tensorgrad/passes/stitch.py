@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..codegen.program import LAYOUT_OPS, count_arithmetic, program_reads
+from ..codegen.program import LAYOUT_OPS, count_arithmetic, is_core, program_reads
 from ..ir import LEAF_OPS, FusedProgram, Graph, Node
 from ..ops.registry import OPS
 from .fuse import MAX_INPUTS, group_program, merge_groups
@@ -35,7 +35,7 @@ def _inlinable(node: Node) -> bool:
 
 
 def _is_core(node: Node) -> bool:
-    return node.op not in LAYOUT_OPS and OPS[node.op].expr is None
+    return is_core(node, OPS)
 
 
 def _arithmetic(node: Node) -> int:
