@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import tomllib
+import urllib.parse
 import zipfile
 from pathlib import Path
 from typing import Any, ClassVar
@@ -446,8 +447,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise SystemExit(f"no demo '{args.name}' in demos/ (known: {known or 'none'})")
     build_web()
     server = serve_web(quiet=True)
-    query = "&".join(f"{k}={v}" for k, v in (("steps", args.steps), ("seed", args.seed))
-                     if v is not None)
+    entries = [(k, v) for k, v in (("steps", args.steps), ("seed", args.seed)) if v is not None]
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"--set takes KEY=VALUE (e.g. --set every=50), got {item!r}")
+        entries.append((key, value))
+    query = "&".join(f"{k}={urllib.parse.quote(str(v))}" for k, v in entries)
     url = f"{server_url(server)}demos/{args.name}/" + (f"?autostart=1&{query}" if query else "")
     print(f"demo {args.name}: {url}", flush=True)
     with sync_playwright() as pw:
@@ -486,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900, help="seconds")
     p.add_argument("--steps", type=int, help="training steps (default: a short headless run)")
     p.add_argument("--seed", type=int, help="data and init seed")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other config entry of the demo (repeatable), e.g. --set every=50")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("wheel", help="build dist/tensorgrad-*.whl")
     p.set_defaults(func=cmd_wheel)
