@@ -78,19 +78,20 @@ def bindings(inputs: Sequence[Node], out: Node) -> str:
 
 
 def thread_kernel(ctx: EmitContext, body: str, threads: int | None = None,
-                  prelude: str = "") -> Kernel:
-    """One invocation per index `i` in [0, threads) (default: one per output element)."""
+                  prelude: str = "", size: int = WG) -> Kernel:
+    """One invocation per index `i` in [0, threads) (default: one per output element), in
+    workgroups of `size`."""
     n = ctx.node.size if threads is None else threads
     wgsl = f"""{bindings(ctx.inputs, ctx.node)}
 {prelude}
-@compute @workgroup_size({WG})
+@compute @workgroup_size({size})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-  let i = gid.x + gid.y * {u(MAX_GROUPS_X * WG)};
+  let i = gid.x + gid.y * {u(MAX_GROUPS_X * size)};
   if (i >= {u(n)}) {{ return; }}
 {body}
 }}
 """
-    return Kernel(wgsl, n)
+    return Kernel(wgsl, n, size)
 
 
 def workgroup_kernel(ctx: EmitContext, body: str, groups: int, prelude: str = "",
@@ -136,13 +137,34 @@ def decompose(var: str, dims: Sequence[int], weights: Sequence[int]) -> str:
 # long rows, else one thread per output with a serial loop.
 WORKGROUP_REDUCE_MAX_OUTPUTS = 32_768
 WORKGROUP_REDUCE_MIN_LENGTH = 256
+# Software targets (CPU rasterisers) reduce rows up to this long with a serial loop, since a
+# barrier there suspends and resumes every invocation of the workgroup (SwiftShader: ~200 us
+# per 256-wide workgroup, the cost of a 30,000-element serial loop). The bound stays under
+# lavapipe's budget of 65,535 loop iterations per invocation, past which it quietly stops.
+SOFTWARE_SERIAL_MAX_LENGTH = 32_768
+# Workgroup size of the serial-loop reductions on software targets: small, so that a few
+# hundred outputs still spread over the CPU's cores.
+SOFTWARE_REDUCE_WG = 32
+
+
+def use_workgroup_reduce(ctx: EmitContext, outputs: int, length: int) -> bool:
+    """Whether a reduction of `outputs` rows of `length` takes a workgroup per row (a
+    strided loop and a shared-memory tree) rather than a thread per row (a serial loop)."""
+    if ctx.target.software:
+        return length > SOFTWARE_SERIAL_MAX_LENGTH
+    return outputs < WORKGROUP_REDUCE_MAX_OUTPUTS and length >= WORKGROUP_REDUCE_MIN_LENGTH
+
+
+def serial_reduce_size(ctx: EmitContext) -> int:
+    """Workgroup size of a one-thread-per-output reduction on `ctx`'s target."""
+    return SOFTWARE_REDUCE_WG if ctx.target.software else WG
 
 
 def reduce_kernel(ctx: EmitContext, outputs: int, length: int, index: str,
                   finalize: str = "acc", prelude: str = "") -> Kernel:
     """out[o] = finalize(sum over r in [0, length) of in0[index]), where `index` is a WGSL
     expression in `o` (output index) and `r` (reduction index); `finalize` uses `acc`."""
-    if outputs < WORKGROUP_REDUCE_MAX_OUTPUTS and length >= WORKGROUP_REDUCE_MIN_LENGTH:
+    if use_workgroup_reduce(ctx, outputs, length):
         body = f"""  let o = g;
   var part = 0.0f;
   for (var r = lid; r < {u(length)}; r = r + {u(WG)}) {{ part = part + in0[{index}]; }}
@@ -159,4 +181,4 @@ def reduce_kernel(ctx: EmitContext, outputs: int, length: int, index: str,
   var acc = 0.0f;
   for (var r = 0u; r < {u(length)}; r = r + 1u) {{ acc = acc + in0[{index}]; }}
   out[o] = {finalize};"""
-    return thread_kernel(ctx, body, outputs, prelude=prelude)
+    return thread_kernel(ctx, body, outputs, prelude=prelude, size=serial_reduce_size(ctx))

@@ -319,7 +319,7 @@ def _infer_sumsq(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, 
 
 def _emit_sumsq(ctx: EmitContext) -> Kernel:
     n = ctx.inputs[0].size
-    if n >= w.WORKGROUP_REDUCE_MIN_LENGTH:
+    if w.use_workgroup_reduce(ctx, 1, n):
         body = f"""  var part = 0.0f;
   for (var r = lid; r < {w.u(n)}; r = r + {w.u(w.WG)}) {{ let x = in0[r]; part = part + x * x; }}
   scratch[lid] = part;

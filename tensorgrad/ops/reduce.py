@@ -39,10 +39,6 @@ def _rows(node: Node) -> tuple[int, int]:
     return prod(node.shape[:-1]), length
 
 
-def _use_workgroup(rows: int, length: int) -> bool:
-    return rows < w.WORKGROUP_REDUCE_MAX_OUTPUTS and length >= w.WORKGROUP_REDUCE_MIN_LENGTH
-
-
 def _tree(combine: str, scratch: str = "scratch") -> str:
     """Barrier, then a shared-memory tree over `scratch`; `combine` reads `{scratch}[lid]`
     and `{scratch}[lid + step]`. Leaves the result in `{scratch}[0]`."""
@@ -141,7 +137,7 @@ def mean(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
 
 def _emit_argmax_last(ctx: EmitContext) -> Kernel:
     rows, length = _rows(ctx.inputs[0])
-    if _use_workgroup(rows, length):
+    if w.use_workgroup_reduce(ctx, rows, length):
         body = f"""  let base = g * {w.u(length)};
   var best = in0[base + lid];
   var idx = lid;
@@ -172,7 +168,7 @@ def _emit_argmax_last(ctx: EmitContext) -> Kernel:
     if (v > best) {{ best = v; idx = j; }}
   }}
   out[i] = i32(idx);"""
-    return w.thread_kernel(ctx, body, rows)
+    return w.thread_kernel(ctx, body, rows, size=w.serial_reduce_size(ctx))
 
 
 define("argmax_last", infer=_infer_last("argmax_last", keep=False, out_dtype="i32"),
@@ -210,7 +206,7 @@ def _emit_softmax_rows(ctx: EmitContext, causal: bool) -> Kernel:
     else:
         write = "out[base + j] = in0[base + j] - logz;"
     finish = "" if causal else "  let logz = mx + log(total);\n"
-    if _use_workgroup(rows, length):
+    if w.use_workgroup_reduce(ctx, rows, length):
         stride = w.u(w.WG)
         body = f"""  let row = g;
   let base = row * {w.u(length)};
@@ -237,7 +233,7 @@ def _emit_softmax_rows(ctx: EmitContext, causal: bool) -> Kernel:
   var total = 0.0f;
   for (var j = 0u; j < n; j = j + 1u) {{ total = total + exp(in0[base + j] - mx); }}
 {finish}  for (var j = 0u; j < {w.u(length)}; j = j + 1u) {{ {write} }}"""
-    return w.thread_kernel(ctx, body, rows)
+    return w.thread_kernel(ctx, body, rows, size=w.serial_reduce_size(ctx))
 
 
 def _ref_log_softmax(args: Sequence[Any], node: Node) -> Any:

@@ -12,7 +12,7 @@ from tensorgrad.codegen.kernel import Target, emit_node
 from tensorgrad.ops import OPS
 from tests.harness import Arg, Case, build
 from tests.kernel_check import check_case as check
-from tests.unit.test_ops_conv import CASES, conv_case, pool_case
+from tests.unit.test_ops_conv import conv_case, pool_case
 
 SOFTWARE = Target(software=True)
 CONV_OPS = {"conv2d", "conv2d_input_grad", "conv2d_weight_grad"}
@@ -108,7 +108,3 @@ def test_pool_grad_on_software_targets(gpu_device, case: Case, cells: bool) -> N
     target = Target(limits=gpu_device.limits, software=True)
     assert "max_pool2d_grad" in check(gpu_device, case, target=target)
 
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
-def test_unit_cases_on_software_targets(gpu_device, case: Case) -> None:
-    check(gpu_device, case, target=Target(limits=gpu_device.limits, software=True))

@@ -59,8 +59,21 @@ def test_large_default_variants(gpu_device, case: Case, spec: MatmulSpec, want: 
 
 
 def test_large_cpu_target_variants(gpu_device) -> None:
-    """A software target (CPU rasterisers): register-blocked and naive kernels."""
-    assert choose_variant(MatmulSpec(1, 600, 200, 260), False) == "blocked"
+    """A software target (CPU rasterisers): the largest register block that pads the output
+    by at most MAX_PADDING and leaves at least two workgroups; naive for a row vector."""
+    assert choose_variant(MatmulSpec(1, 600, 200, 260), False) == "regs8x16"
+    assert choose_variant(MatmulSpec(1, 600, 200, 260, ta=True), False) == "regs8x16"
+    # 36 columns pad to 48 under 16-wide blocks (over MAX_PADDING), to 40 under 8-wide ones
+    assert choose_variant(MatmulSpec(1, 600, 200, 36), False) == "regs16x8"
+    # 32 blocks of 8 x 16 fill one workgroup only: 8 x 8 blocks fill two
+    assert choose_variant(MatmulSpec(1, 64, 64, 64), False) == "regs8x8"
+    # attention-shaped batches: many small slices
+    assert choose_variant(MatmulSpec(512, 8, 16, 8), False) == "regs8x8"
+    assert choose_variant(MatmulSpec(1, 1, 300, 1), False) == "naive"
+    # a K past lavapipe's loop budget (65,535 iterations per invocation)
+    assert choose_variant(MatmulSpec(1, 4, 40_000, 4, ta=True), False) == "tiled1"
     target = Target(limits=gpu_device.limits, software=True)
-    check(gpu_device, LARGE[1][0], target)
-    check(gpu_device, Case("matmul", tg.matmul, [Arg((8, 700)), Arg((700, 50))]), target)
+    check(gpu_device, LARGE[1][0], target=target)
+    check(gpu_device, Case("matmul", tg.matmul, [Arg((8, 700)), Arg((700, 50))]), target=target)
+    check(gpu_device, Case("matmul", lambda a, b: mm(a, b, True, False),
+                           [Arg((40_000, 4)), Arg((40_000, 3))], grad=False), target=target)

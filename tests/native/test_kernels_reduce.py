@@ -2,7 +2,7 @@
 
 Every case of the unit CASES runs its forward+backward graph kernel by kernel; the large
 cases exercise both variants of each row kernel (one workgroup per row for few long rows,
-one thread per row otherwise)."""
+one thread per row otherwise); on software targets every row kernel is a thread per row."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from tests.harness import Arg, Case, build
 from tests.kernel_check import check_case as check
 
 
-def variant(case: Case, op: str) -> str:
+def variant(case: Case, op: str, target: Target | None = None) -> str:
     """'workgroup' or 'thread': how the kernel of the first `op` node of the case runs."""
     b = build(case, with_grad=False)
     node = next(n for n in b.graph.nodes if n.op == op)
-    wgsl = emit_node(b.graph, node, Target(), OPS).wgsl
+    wgsl = emit_node(b.graph, node, target or Target(), OPS).wgsl
     return "workgroup" if "workgroupBarrier" in wgsl else "thread"
 
 
@@ -63,3 +63,24 @@ LARGE = [
 def test_large_kernel_variants(gpu_device, case: Case, op: str, want: str) -> None:
     assert variant(case, op) == want
     assert op in check(gpu_device, case)
+
+
+
+SOFTWARE = [(c, op, "workgroup" if c.id == "sum[all]" else "thread")  # all: 90,300 long
+            for c, op, want in LARGE if want == "workgroup"] + [
+    # rows past lavapipe's loop budget: a workgroup per row even on a CPU
+    (Case("argmax", lambda x: tg.argmax(x, -1), [Arg((2, 40000))], grad=False, name="wg"),
+     "argmax_last", "workgroup"),
+    (Case("log_softmax", tg.log_softmax, [Arg((2, 33000))], grad=False, name="wg"),
+     "log_softmax_last", "workgroup"),
+]
+
+
+@pytest.mark.parametrize("case, op, want", [pytest.param(*c, id=c[0].id + "-" + c[2])
+                                            for c in SOFTWARE])
+def test_software_target_variants(gpu_device, case: Case, op: str, want: str) -> None:
+    """CPU rasterisers run a serial loop per row unless the row is longer than
+    SOFTWARE_SERIAL_MAX_LENGTH: a barrier there costs more than a whole row."""
+    target = Target(limits=gpu_device.limits, software=True)
+    assert variant(case, op, target) == want
+    assert op in check(gpu_device, case, target=target)
