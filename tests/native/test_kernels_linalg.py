@@ -61,12 +61,13 @@ def test_large_default_variants(gpu_device, case: Case, spec: MatmulSpec, want: 
 def test_large_cpu_target_variants(gpu_device) -> None:
     """A software target (CPU rasterisers): the largest register block that pads the output
     by at most MAX_PADDING and leaves at least two workgroups; naive for a row vector."""
-    assert choose_variant(MatmulSpec(1, 600, 200, 260), False) == "regs8x16"
-    assert choose_variant(MatmulSpec(1, 600, 200, 260, ta=True), False) == "regs8x16"
-    # 36 columns pad to 48 under 16-wide blocks (over MAX_PADDING), to 40 under 8-wide ones
-    assert choose_variant(MatmulSpec(1, 600, 200, 36), False) == "regs16x8"
-    # 32 blocks of 8 x 16 fill one workgroup only: 8 x 8 blocks fill two
-    assert choose_variant(MatmulSpec(1, 64, 64, 64), False) == "regs8x8"
+    assert choose_variant(MatmulSpec(1, 600, 200, 260), False) == "regs8x8"
+    assert choose_variant(MatmulSpec(1, 600, 200, 260, ta=True), False) == "regs8x8"
+    # 4 rows (or columns) pad 2x under 8-high (8-wide) blocks, not under 4-high (4-wide) ones
+    assert choose_variant(MatmulSpec(1, 4, 200, 600), False) == "regs4x8"
+    assert choose_variant(MatmulSpec(1, 600, 200, 4), False) == "regs8x4"
+    # 16 blocks of 8 x 8 fill one workgroup only: 4 x 4 blocks fill two
+    assert choose_variant(MatmulSpec(1, 32, 64, 32), False) == "regs4x4"
     # attention-shaped batches: many small slices
     assert choose_variant(MatmulSpec(512, 8, 16, 8), False) == "regs8x8"
     assert choose_variant(MatmulSpec(1, 1, 300, 1), False) == "naive"

@@ -136,8 +136,8 @@ def test_reference_float64() -> None:
     (MatmulSpec(64, 16, 16, 16, tb=True), True, "tiled1"),
     (MatmulSpec(256, 64, 64, 64, tb=True), True, "tiled4"),   # attention heads: no 128 tiles
     (MatmulSpec(256, 64, 64, 32), True, "tiled2"),
-    (MatmulSpec(1, 1024, 1024, 1024), False, "regs8x16"),
-    (MatmulSpec(1, 8, 512, 512), False, "regs8x8"),    # 32 blocks of 8 x 16: one workgroup
+    (MatmulSpec(1, 1024, 1024, 1024), False, "regs8x8"),
+    (MatmulSpec(1, 8, 512, 512), False, "regs8x8"),
     (MatmulSpec(1, 64, 16384, 64), False, "regs8x8"),
     (MatmulSpec(1, 1, 512, 512), False, "naive"),      # a row: every block pads 4x or more
 ])
