@@ -27,7 +27,11 @@ export function demoConfig(defaults, headless = {}) {
   const automated = navigator.webdriver === true;
   const cfg = { ...defaults, ...(automated ? headless : {}) };
   for (const [key, value] of query) {
-    if (!(key in cfg)) continue;
+    if (key === "autostart") continue;
+    if (!(key in cfg)) {  // a typo must not run the demo with its defaults unnoticed
+      throw new Error(`URL parameter ${key}=${value}: not a setting of this demo ` +
+                      `(settings: autostart, ${Object.keys(cfg).join(", ")})`);
+    }
     const n = Number(value);
     if (typeof cfg[key] === "number" && !Number.isFinite(n)) {
       throw new Error(`URL parameter ${key}=${value}: a number is needed`);

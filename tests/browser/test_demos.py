@@ -292,3 +292,15 @@ def test_digit_canvas_draws_predicts_swaps_and_saves(open_demo: Any) -> None:
                                 timeout=WAIT_MS)
     assert demo.page.evaluate("document.getElementById('hidden').value") == "128"
     assert not demo.errors, demo.errors
+
+
+def test_an_unknown_url_setting_is_an_error_not_ignored(open_demo: Any) -> None:
+    """A misspelt setting stops the page with a message naming it and the real settings,
+    instead of training with the defaults."""
+    demo = open_demo("kan", "?autostart=1&stesp=10")
+    for _ in range(100):
+        if demo.errors:
+            break
+        demo.page.wait_for_timeout(100)
+    assert any("stesp=10: not a setting of this demo" in e and "steps" in e
+               for e in demo.errors), demo.errors
