@@ -206,7 +206,8 @@ def _register_block(spec: MatmulSpec) -> str:
     """CPU rasterisers: the largest register block that pads the output by at most
     MAX_PADDING and leaves at least CPU_MIN_WORKGROUPS workgroups (cores to share); measured
     on lavapipe and SwiftShader, 8 x 8 blocks run 2-6x faster than 16-apart 4 x 4 ones.
-    A K past lavapipe's loop budget takes the tiled kernel, whose loop runs K / 16 times."""
+    A K past lavapipe's loop budget takes the tiled kernel, whose K loop steps 16 at a time
+    (checked there up to K = 150,000)."""
     if spec.k > w.SOFTWARE_SERIAL_MAX_LENGTH:
         return "tiled1"
     fitting = []

@@ -77,4 +77,4 @@ def test_large_cpu_target_variants(gpu_device) -> None:
     check(gpu_device, LARGE[1][0], target=target)
     check(gpu_device, Case("matmul", tg.matmul, [Arg((8, 700)), Arg((700, 50))]), target=target)
     check(gpu_device, Case("matmul", lambda a, b: mm(a, b, True, False),
-                           [Arg((40_000, 4)), Arg((40_000, 3))], grad=False), target=target)
+                           [Arg((150_000, 4)), Arg((150_000, 3))], grad=False), target=target)
