@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device call: before (.base, the tree at d39c7d9 with today's bench/) and after, same GPU.
+# One device call: before (.base, the tree before the change measured) and after, same GPU.
 # Usage on the device machine: bash bench/h200.sh [parts...]
 #   parts: base report matmul gpt2 profile (default: base report matmul, in that order)
 set -u

@@ -65,11 +65,7 @@ class LayerNorm(Module):
         self.b = self.param((dim,), init=_init.zeros(), decay=decay) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        m = ops.mean(x, -1, keepdims=True)
-        c = x - m
-        v = ops.mean(c * c, -1, keepdims=True)
-        y = c / ops.sqrt(v + self.eps) * self.g
-        return y if self.b is None else y + self.b
+        return ops.layer_norm(x, self.g, self.b, self.eps)
 
 
 class RMSNorm(Module):
@@ -81,7 +77,7 @@ class RMSNorm(Module):
         self.g = self.param((dim,), init=_init.ones(), decay=decay)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x / ops.sqrt(ops.mean(x * x, -1, keepdims=True) + self.eps) * self.g
+        return ops.rms_norm(x, self.g, self.eps)
 
 
 class Embedding(Module):

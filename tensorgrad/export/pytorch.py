@@ -631,6 +631,14 @@ def where_causal(x, fill):
     future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
     return x.masked_fill(future, fill)
 ''',
+    "normalize_last": '''
+def normalize_last(x, eps, center):
+    """(x - mean) / sqrt(var + eps) over the last axis (biased variance), or, without
+    centering, x / sqrt(mean(x²) + eps)."""
+    if center:
+        return F.layer_norm(x, x.shape[-1:], eps=eps)
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+''',
     "sum_to_shape": '''
 def sum_to_shape(x, shape):
     """Sum x down to `shape`, undoing a broadcast (leading axes, then size-1 axes)."""
@@ -906,6 +914,12 @@ def _t_log_softmax(node, at, shape, a, cx):
 @_op("softmax_causal_last")
 def _t_softmax_causal(node, at, shape, a, cx):
     return _fn(cx.helper("softmax_causal"), a[0].text)
+
+
+@_op("normalize_last")
+def _t_normalize_last(node, at, shape, a, cx):
+    return _fn(cx.helper("normalize_last"), a[0].text, _lit(float(at["eps"])),
+               repr(bool(at["center"])))
 
 
 @_op("where_causal")

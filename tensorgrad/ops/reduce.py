@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from math import prod
 from typing import Any
 
@@ -20,8 +21,8 @@ from ..errors import ShapeError
 from ..ir import Node, Shape
 from ..tensor import Tensor
 from .broadcast import broadcast_to
-from .elementwise import exp, mul, mul_scalar, neg, sub
-from .registry import NO_GRAD, Stitch, define, public, record
+from .elementwise import exp, mul_scalar, neg
+from .registry import GRAD_ERROR, NO_GRAD, Stitch, define, public, record
 from .rules import normalize_axis, require_dtype
 from .shape import move_to_last, reshape, swap_axes
 
@@ -193,47 +194,79 @@ def argmin(x: Tensor, axis: int | None = None) -> Tensor:
     return argmax(neg(x), axis)
 
 
+# ---- row programs: per-row statistics, then one write per element --------------------
+
+@dataclass(frozen=True)
+class RowStat:
+    """One per-row value: `term` (a WGSL expression in `j`, the column, reading
+    `in{k}[base + j]` and earlier stats) combined over the row (sum, or max from -1e30),
+    then named `name` = `finish` (in `acc`, the combined value). Without a term, `finish`
+    is a plain per-row value of earlier stats (no pass over the row)."""
+
+    name: str
+    term: str | None
+    finish: str = "acc"
+    combine: str = "sum"
+
+
+def _combine(how: str, a: str, b: str) -> str:
+    return f"max({a}, {b})" if how == "max" else f"{a} + {b}"
+
+
+def _init_value(how: str) -> str:
+    return w.lit(MAX_INIT) if how == "max" else "0.0f"
+
+
+def row_kernel(ctx: EmitContext, stats: Sequence[RowStat], write: str,
+               count: str | None = None) -> Kernel:
+    """A kernel over the rows of `ctx`'s inputs ([rows, length] each, the last axis a row):
+    each stat in turn over the row's first `count` columns (default all), then statement
+    `write` for each column j (it assigns `out[base + j]`). One workgroup per row (a strided
+    loop and a tree per stat) or one thread per row (serial loops), as for reductions."""
+    rows, length = _rows(ctx.inputs[0])
+    n = count or w.u(length)
+    if w.use_workgroup_reduce(ctx, rows, length):
+        stride = w.u(w.WG)
+        lines = [f"  let row = g;\n  let base = row * {w.u(length)};\n  let n = {n};"]
+        for k, st in enumerate(stats):
+            if st.term is None:
+                lines.append(f"  let {st.name} = {st.finish};")
+                continue
+            lines.append(f"""  var p{k} = {_init_value(st.combine)};
+  for (var j = lid; j < n; j = j + {stride}) {{ p{k} = {_combine(st.combine, f"p{k}", st.term)}; }}
+  scratch[lid] = p{k};
+{_tree(_combine(st.combine, "scratch[lid]", "scratch[lid + step]"))}
+  let {st.name} = {st.finish.replace("acc", "scratch[0]")};
+  workgroupBarrier();""")
+        lines.append(f"  for (var j = lid; j < {w.u(length)}; j = j + {stride}) {{ {write} }}")
+        return w.workgroup_kernel(ctx, "\n".join(lines), rows,
+                                  prelude=f"var<workgroup> scratch: array<f32, {w.WG}>;")
+    lines = [f"  let row = i;\n  let base = row * {w.u(length)};\n  let n = {n};"]
+    for k, st in enumerate(stats):
+        if st.term is None:
+            lines.append(f"  let {st.name} = {st.finish};")
+            continue
+        lines.append(f"""  var p{k} = {_init_value(st.combine)};
+  for (var j = 0u; j < n; j = j + 1u) {{ p{k} = {_combine(st.combine, f"p{k}", st.term)}; }}
+  let {st.name} = {st.finish.replace("acc", f"p{k}")};""")
+    lines.append(f"  for (var j = 0u; j < {w.u(length)}; j = j + 1u) {{ {write} }}")
+    return w.thread_kernel(ctx, "\n".join(lines), rows, size=w.serial_reduce_size(ctx))
+
+
 # ---- log-softmax and causal softmax ----------------------------------------------------
 
 def _emit_softmax_rows(ctx: EmitContext, causal: bool) -> Kernel:
-    """One row per thread (or per workgroup): max over the row's first `n` entries (from
-    -1e30), sum of exp(x - max), then write. Causal rows use n = (row % T) + 1."""
-    rows, length = _rows(ctx.inputs[0])
-    count = f"(row % {w.u(length)}) + 1u" if causal else w.u(length)
+    """Max over the row's first `n` entries (from -1e30), sum of exp(x - max), then write.
+    Causal rows use n = (row % T) + 1."""
+    x = "in0[base + j]"
+    stats = [RowStat("mx", x, combine="max"), RowStat("total", f"exp({x} - mx)")]
     if causal:
-        write = ("if (j < n) { out[base + j] = exp(in0[base + j] - mx) / total; } "
+        write = (f"if (j < n) {{ out[base + j] = exp({x} - mx) / total; }} "
                  "else { out[base + j] = 0.0f; }")
-    else:
-        write = "out[base + j] = in0[base + j] - logz;"
-    finish = "" if causal else "  let logz = mx + log(total);\n"
-    if w.use_workgroup_reduce(ctx, rows, length):
-        stride = w.u(w.WG)
-        body = f"""  let row = g;
-  let base = row * {w.u(length)};
-  let n = {count};
-  var m = {w.lit(MAX_INIT)};
-  for (var j = lid; j < n; j = j + {stride}) {{ m = max(m, in0[base + j]); }}
-  scratch[lid] = m;
-{_tree("max(scratch[lid], scratch[lid + step])")}
-  let mx = scratch[0];
-  workgroupBarrier();
-  var part = 0.0f;
-  for (var j = lid; j < n; j = j + {stride}) {{ part = part + exp(in0[base + j] - mx); }}
-  scratch[lid] = part;
-{_tree("scratch[lid] + scratch[lid + step]")}
-  let total = scratch[0];
-{finish}  for (var j = lid; j < {w.u(length)}; j = j + {stride}) {{ {write} }}"""
-        return w.workgroup_kernel(ctx, body, rows,
-                                  prelude=f"var<workgroup> scratch: array<f32, {w.WG}>;")
-    body = f"""  let row = i;
-  let base = row * {w.u(length)};
-  let n = {count};
-  var mx = {w.lit(MAX_INIT)};
-  for (var j = 0u; j < n; j = j + 1u) {{ mx = max(mx, in0[base + j]); }}
-  var total = 0.0f;
-  for (var j = 0u; j < n; j = j + 1u) {{ total = total + exp(in0[base + j] - mx); }}
-{finish}  for (var j = 0u; j < {w.u(length)}; j = j + 1u) {{ {write} }}"""
-    return w.thread_kernel(ctx, body, rows, size=w.serial_reduce_size(ctx))
+        count = f"(row % {w.u(ctx.inputs[0].shape[-1])}) + 1u"
+        return row_kernel(ctx, stats, write, count)
+    stats.append(RowStat("logz", None, finish="mx + log(total)"))
+    return row_kernel(ctx, stats, f"out[base + j] = {x} - logz;")
 
 
 def _ref_log_softmax(args: Sequence[Any], node: Node) -> Any:
@@ -259,14 +292,47 @@ def _ref_softmax_causal(args: Sequence[Any], node: Node) -> Any:
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
+def _ref_log_softmax_grad(args: Sequence[Any], node: Node) -> Any:
+    out, dy = args
+    return dy - _np().exp(out) * _np().sum(dy, axis=-1, keepdims=True)
+
+
+def _ref_softmax_causal_grad(args: Sequence[Any], node: Node) -> Any:
+    out, dy = args
+    return (dy - _np().sum(dy * out, axis=-1, keepdims=True)) * out
+
+
+def _emit_log_softmax_grad(ctx: EmitContext) -> Kernel:
+    """dx = dy - exp(out) * sum(dy) per row (in0 = out, in1 = dy)."""
+    return row_kernel(ctx, [RowStat("t", "in1[base + j]")],
+                      "out[base + j] = in1[base + j] - exp(in0[base + j]) * t;")
+
+
+def _emit_softmax_causal_grad(ctx: EmitContext) -> Kernel:
+    """dx = (dy - sum(dy * out)) * out per row (masked entries have out = 0)."""
+    return row_kernel(ctx, [RowStat("t", "in1[base + j] * in0[base + j]")],
+                      "out[base + j] = (in1[base + j] - t) * in0[base + j];")
+
+
+def _infer_row_grad(op: str):
+    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+        out, dy = inputs
+        for what, node in (("out", out), ("dy", dy)):
+            require_dtype(op, node, "f32", what=what)
+        if dy.shape != out.shape or not out.shape:
+            raise ShapeError(op, f"dy {list(dy.shape)} must have the shape of out "
+                             f"{list(out.shape)} (rank >= 1)")
+        return out.shape, "f32"
+    return infer
+
+
 def _vjp_log_softmax(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list[Tensor]:
-    return [sub(dy, mul(exp(out), _keep_last(record("sum_last", [dy]), dy.shape)))]
+    return [record("log_softmax_last_grad", [out, dy])]
 
 
 def _vjp_softmax_causal(ins: Sequence[Tensor], out: Tensor, dy: Tensor,
                         at: dict) -> list[Tensor]:
-    inner = _keep_last(record("sum_last", [mul(dy, out)]), dy.shape)
-    return [mul(sub(dy, inner), out)]
+    return [record("softmax_causal_last_grad", [out, dy])]
 
 
 # Row kernels read each element three times (max, sum, write): small prologues only.
@@ -281,6 +347,16 @@ define("softmax_causal_last", infer=_infer_last("softmax_causal_last", keep=True
        emit=lambda ctx: _emit_softmax_rows(ctx, causal=True),
        doc="Softmax of row q over columns 0..q of a [..., T, T] tensor; later columns 0.",
        stitch=ROW_STITCH)
+# Their backwards: one row kernel each (a sum over the row, then the write).
+ROW_GRAD_STITCH = Stitch(prologue=(0, 1), prologue_ops=2, epilogue=True)
+define("log_softmax_last_grad", infer=_infer_row_grad("log_softmax_last_grad"),
+       ref=_ref_log_softmax_grad, vjp=GRAD_ERROR, emit=_emit_log_softmax_grad,
+       doc="The gradient of log_softmax_last given its output and dy: dy - exp(out)·Σdy.",
+       stitch=ROW_GRAD_STITCH)
+define("softmax_causal_last_grad", infer=_infer_row_grad("softmax_causal_last_grad"),
+       ref=_ref_softmax_causal_grad, vjp=GRAD_ERROR, emit=_emit_softmax_causal_grad,
+       doc="The gradient of softmax_causal_last given its output and dy: (dy - Σdy·out)·out.",
+       stitch=ROW_GRAD_STITCH)
 
 
 def _on_last(op: str, x: Tensor, axis: int, prim: str) -> Tensor:

@@ -33,7 +33,13 @@ CASES = [
          [Arg((40, 3)), Arg((40, 3))], name="loss"),
     Case("softmax_causal", lambda s: tg.softmax_causal(s * 0.5) * 3.0,
          [Arg((2, 7, 7))], name="scaled"),
+    Case("layer_norm", lambda x, w, b: tg.layer_norm(x * 2.0, w, b) * 3.0,
+         [Arg((5, 6)), Arg((6,)), Arg((6,))], name="around"),
+    Case("rms_norm", lambda x, w: tg.rms_norm(tg.tanh(x), w) + x,
+         [Arg((4, 300)), Arg((300,))], name="workgroup-rows"),
 ]
+CORES = ("matmul", "matmul_batched", "sum_last", "softmax_causal_last", "normalize_last",
+         "normalize_last_grad")
 
 
 def _stitched(case: Case):
@@ -48,8 +54,7 @@ def _stitched(case: Case):
 def test_stitched_kernels_match_reference(gpu_device, case: Case) -> None:
     b, graph = _stitched(case)
     cores = [n for n in graph.nodes if n.op == "fused" and
-             any(p.op in ("matmul", "matmul_batched", "sum_last", "softmax_causal_last")
-                 for p in n.attrs["program"].nodes)]
+             any(p.op in CORES for p in n.attrs["program"].nodes)]
     assert cores, "nothing was stitched"
     asyncio.run(check_graph_kernels(gpu_device, graph, b.values))
     asyncio.run(check_graph_kernels(gpu_device, graph, b.values,

@@ -293,6 +293,8 @@ CASES: dict[str, tuple[Any, dict[str, Any], dict[str, np.ndarray]]] = {
     "log_softmax_last": (lambda m, x: tg.log_softmax(x, 0), X, {"x": _x((B, 3))}),
     "softmax_causal_last": (lambda m, x: tg.softmax_causal(x), SQ, {"x": _x((B, 3, 3))}),
     "where_causal": (lambda m, x: tg.where_causal(x, -5.0), SQ, {"x": _x((B, 3, 3))}),
+    "normalize_last": (lambda m, x: tg.layer_norm(x) + tg.rms_norm(x * 2.0, eps=0.1), X,
+                       {"x": _x((B, 3))}),
     "conv2d": (lambda m, x: tg.conv2d(x, tg.reshape(tg.narrow(tg.reshape(m.w, (-1,)), 0, 0, 8),
                                                     (2, 1, 2, 2)), stride=1, padding=1),
                {"x": (None, 1, 3, 3)}, {"x": _x((B, 1, 3, 3))}),
