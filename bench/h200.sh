@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call: before (.base, the tree before the change measured) and after, same GPU.
 # Usage on the device machine: bash bench/h200.sh [parts...]
-#   parts: base report matmul gpt2 profile (default: base report matmul, in that order)
+#   parts: base base-gpt2 report matmul gpt2 profile (default: base report matmul, in order)
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -17,6 +17,9 @@ for part in "${parts[@]}"; do
               2>&1 | grep -v XDG | tee "$OUT/after.txt" ;;
     base) (cd .base && timeout 150 python3 bench/report.py --steps 100 --no-torch \
               --json "$OUT/before.json" 2>&1 | grep -v XDG | tee "$OUT/before.txt") ;;
+    base-gpt2) (cd .base && timeout 200 python3 bench/report.py --models gpt2 --no-torch \
+              --steps 5 --warmup 2 --replays 1 --json "$OUT/before_gpt2.json" 2>&1 \
+              | grep -v XDG | tee "$OUT/before_gpt2.txt") ;;
     gpt2) timeout 300 python3 bench/report.py --models gpt2 --steps 10 --warmup 2 \
               --replays 1 --json "$OUT/gpt2.json" 2>&1 | grep -v XDG | tee "$OUT/gpt2.txt" ;;
     profile) timeout 240 python3 bench/report.py --models transformer,gpt,gpt2 --no-torch \

@@ -40,12 +40,13 @@ def _rows(node: Node) -> tuple[int, int]:
     return prod(node.shape[:-1]), length
 
 
-def _tree(combine: str, scratch: str = "scratch") -> str:
-    """Barrier, then a shared-memory tree over `scratch`; `combine` reads `{scratch}[lid]`
-    and `{scratch}[lid + step]`. Leaves the result in `{scratch}[0]`."""
+def _tree(combine: str, team: int = w.WG) -> str:
+    """Barrier, then a shared-memory tree over each team of `team` lanes of `scratch` (lane
+    `lane` of the team at `scratch[lid]`); `combine` reads `scratch[lid]` and
+    `scratch[lid + step]`. Leaves each team's result in its first slot."""
     return f"""  workgroupBarrier();
-  for (var step = {w.u(w.WG // 2)}; step > 0u; step = step >> 1u) {{
-    if (lid < step) {{ {scratch}[lid] = {combine}; }}
+  for (var step = {w.u(team // 2)}; step > 0u; step = step >> 1u) {{
+    if (lane < step) {{ scratch[lid] = {combine}; }}
     workgroupBarrier();
   }}"""
 
@@ -217,40 +218,71 @@ def _init_value(how: str) -> str:
     return w.lit(MAX_INIT) if how == "max" else "0.0f"
 
 
+TEAM_MIN_LENGTH = 32  # on GPUs, rows at least this long get a team of threads each
+
+
+def _row_team(ctx: EmitContext, rows: int, length: int) -> int:
+    """Threads per row: a whole workgroup (few, long rows), a power-of-two team of up to
+    the row's length (GPUs: a thread per row would leave most of the chip idle, and strided
+    reads), or 1 (a thread per row: short rows, and CPU rasterisers)."""
+    if w.use_workgroup_reduce(ctx, rows, length):
+        return w.WG
+    if ctx.target.software or length < TEAM_MIN_LENGTH:
+        return 1
+    return min(w.WG, 1 << (length - 1).bit_length())
+
+
 def row_kernel(ctx: EmitContext, stats: Sequence[RowStat], write: str,
                count: str | None = None) -> Kernel:
     """A kernel over the rows of `ctx`'s inputs ([rows, length] each, the last axis a row):
     each stat in turn over the row's first `count` columns (default all), then statement
-    `write` for each column j (it assigns `out[base + j]`). One workgroup per row (a strided
-    loop and a tree per stat) or one thread per row (serial loops), as for reductions."""
+    `write` for each column j (it assigns `out[base + j]`). A row is read by a team of
+    threads (a strided loop and a shared-memory tree per stat; see :func:`_row_team`) or
+    by one thread (serial loops)."""
     rows, length = _rows(ctx.inputs[0])
     n = count or w.u(length)
-    if w.use_workgroup_reduce(ctx, rows, length):
-        stride = w.u(w.WG)
-        lines = [f"  let row = g;\n  let base = row * {w.u(length)};\n  let n = {n};"]
+    team = _row_team(ctx, rows, length)
+    if team == 1:
+        lines = [f"  let row = i;\n  let base = row * {w.u(length)};\n  let n = {n};"]
         for k, st in enumerate(stats):
             if st.term is None:
                 lines.append(f"  let {st.name} = {st.finish};")
                 continue
             lines.append(f"""  var p{k} = {_init_value(st.combine)};
-  for (var j = lid; j < n; j = j + {stride}) {{ p{k} = {_combine(st.combine, f"p{k}", st.term)}; }}
-  scratch[lid] = p{k};
-{_tree(_combine(st.combine, "scratch[lid]", "scratch[lid + step]"))}
-  let {st.name} = {st.finish.replace("acc", "scratch[0]")};
-  workgroupBarrier();""")
-        lines.append(f"  for (var j = lid; j < {w.u(length)}; j = j + {stride}) {{ {write} }}")
-        return w.workgroup_kernel(ctx, "\n".join(lines), rows,
-                                  prelude=f"var<workgroup> scratch: array<f32, {w.WG}>;")
-    lines = [f"  let row = i;\n  let base = row * {w.u(length)};\n  let n = {n};"]
+  for (var j = 0u; j < n; j = j + 1u) {{ p{k} = {_combine(st.combine, f"p{k}", st.term)}; }}
+  let {st.name} = {st.finish.replace("acc", f"p{k}")};""")
+        lines.append(f"  for (var j = 0u; j < {w.u(length)}; j = j + 1u) {{ {write} }}")
+        return w.thread_kernel(ctx, "\n".join(lines), rows, size=w.serial_reduce_size(ctx))
+    per = w.WG // team  # rows per workgroup
+    if per == 1:
+        head = f"""  let lane = lid;
+  let first = 0u;
+  let row = g;
+  let last = {w.u(length)};
+  let base = row * {w.u(length)};
+  let n = {n};"""
+    else:  # a team past the last row reads and writes nothing, but joins every barrier
+        head = f"""  let lane = lid % {w.u(team)};
+  let first = lid - lane;
+  let row = g * {w.u(per)} + lid / {w.u(team)};
+  let last = select(0u, {w.u(length)}, row < {w.u(rows)});
+  let base = row * {w.u(length)};
+  let n = min({n}, last);"""
+    lines = [head]
+    stride = w.u(team)
     for k, st in enumerate(stats):
         if st.term is None:
             lines.append(f"  let {st.name} = {st.finish};")
             continue
         lines.append(f"""  var p{k} = {_init_value(st.combine)};
-  for (var j = 0u; j < n; j = j + 1u) {{ p{k} = {_combine(st.combine, f"p{k}", st.term)}; }}
-  let {st.name} = {st.finish.replace("acc", f"p{k}")};""")
-    lines.append(f"  for (var j = 0u; j < {w.u(length)}; j = j + 1u) {{ {write} }}")
-    return w.thread_kernel(ctx, "\n".join(lines), rows, size=w.serial_reduce_size(ctx))
+  for (var j = lane; j < n; j = j + {stride}) {{ p{k} = {_combine(st.combine, f"p{k}", st.term)}; }}
+  scratch[lid] = p{k};
+{_tree(_combine(st.combine, "scratch[lid]", "scratch[lid + step]"), team)}
+  let {st.name} = {st.finish.replace("acc", "scratch[first]")};
+  workgroupBarrier();""")
+    lines.append(f"  for (var j = lane; j < last; j = j + {stride}) {{ {write} }}")
+    return w.workgroup_kernel(ctx, "\n".join(lines), -(-rows // per),
+                              prelude=f"var<workgroup> scratch: array<f32, {w.WG}>;")
 
 
 # ---- log-softmax and causal softmax ----------------------------------------------------

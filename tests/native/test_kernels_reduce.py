@@ -1,8 +1,9 @@
 """Reduction and row-wise kernels on a real WebGPU device, against the reference interpreter.
 
 Every case of the unit CASES runs its forward+backward graph kernel by kernel; the large
-cases exercise both variants of each row kernel (one workgroup per row for few long rows,
-one thread per row otherwise); on software targets every row kernel is a thread per row."""
+cases exercise each variant of each row kernel (one workgroup per row for few long rows, a
+team of threads per row for many rows of 32 or more, one thread per row otherwise); on
+software targets every row kernel is a thread per row."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from tests.kernel_check import check_case as check
 
 
 def variant(case: Case, op: str, target: Target | None = None) -> str:
-    """'workgroup' or 'thread': how the kernel of the first `op` node of the case runs."""
-    b = build(case, with_grad=False)
+    """'workgroup', 'team' or 'thread': how the kernel of the first `op` node of the case
+    runs."""
+    b = build(case, with_grad=op.endswith("_grad"))
     node = next(n for n in b.graph.nodes if n.op == op)
     wgsl = emit_node(b.graph, node, target or Target(), OPS).wgsl
+    if "let lane = lid % " in wgsl:
+        return "team"
     return "workgroup" if "workgroupBarrier" in wgsl else "thread"
 
 
@@ -46,20 +50,35 @@ LARGE = [
      "argmax_last", "thread"),
     (Case("log_softmax", tg.log_softmax, [Arg((12, 1500))], name="wg"), "log_softmax_last",
      "workgroup"),
-    (Case("log_softmax", tg.log_softmax, [Arg((3000, 70))], name="thread"),
+    (Case("log_softmax", tg.log_softmax, [Arg((3000, 70))], name="team"),
+     "log_softmax_last", "team"),
+    (Case("log_softmax", tg.log_softmax, [Arg((3000, 70))], name="team"),
+     "log_softmax_last_grad", "team"),
+    (Case("log_softmax", tg.log_softmax, [Arg((3000, 20))], name="thread"),
      "log_softmax_last", "thread"),
     (Case("softmax", lambda x: tg.softmax(x * 30.0), [Arg((4, 700))], name="wg-peaky"),
      "log_softmax_last", "workgroup"),
     (Case("softmax_causal", tg.softmax_causal, [Arg((2, 300, 300))], name="wg"),
      "softmax_causal_last", "workgroup"),
-    (Case("softmax_causal", tg.softmax_causal, [Arg((40, 64, 64))], name="thread"),
+    (Case("softmax_causal", tg.softmax_causal, [Arg((40, 64, 64))], name="team"),
+     "softmax_causal_last", "team"),
+    (Case("softmax_causal", tg.softmax_causal, [Arg((40, 64, 64))], name="team"),
+     "softmax_causal_last_grad", "team"),
+    (Case("softmax_causal", tg.softmax_causal, [Arg((9, 17, 17))], name="thread"),
      "softmax_causal_last", "thread"),
+    (Case("layer_norm", tg.layer_norm, [Arg((1024, 64)), Arg((64,)), Arg((64,))],
+          fd=False, name="team"), "normalize_last_grad", "team"),
+    (Case("rms_norm", tg.rms_norm, [Arg((10, 33)), Arg((33,))], name="team-ragged"),
+     "normalize_last", "team"),
+    (Case("layer_norm", tg.layer_norm, [Arg((3, 700)), Arg((700,)), Arg((700,))],
+          fd=False, name="wg"), "normalize_last_grad", "workgroup"),
     (Case("where_causal", lambda x: tg.where_causal(x, -1e9), [Arg((3, 257, 257))],
           name="big"), "where_causal", "thread"),
 ]
 
 
-@pytest.mark.parametrize("case, op, want", [pytest.param(*c, id=c[0].id) for c in LARGE])
+@pytest.mark.parametrize("case, op, want", [pytest.param(*c, id=f"{c[0].id}-{c[1]}")
+                                            for c in LARGE])
 def test_large_kernel_variants(gpu_device, case: Case, op: str, want: str) -> None:
     assert variant(case, op) == want
     assert op in check(gpu_device, case)
@@ -67,7 +86,7 @@ def test_large_kernel_variants(gpu_device, case: Case, op: str, want: str) -> No
 
 
 SOFTWARE = [(c, op, "workgroup" if c.id == "sum[all]" else "thread")  # all: 90,300 long
-            for c, op, want in LARGE if want == "workgroup"] + [
+            for c, op, want in LARGE if want in ("workgroup", "team")] + [
     # rows past lavapipe's loop budget: a workgroup per row even on a CPU
     (Case("argmax", lambda x: tg.argmax(x, -1), [Arg((2, 40000))], grad=False, name="wg"),
      "argmax_last", "workgroup"),
@@ -76,7 +95,7 @@ SOFTWARE = [(c, op, "workgroup" if c.id == "sum[all]" else "thread")  # all: 90,
 ]
 
 
-@pytest.mark.parametrize("case, op, want", [pytest.param(*c, id=c[0].id + "-" + c[2])
+@pytest.mark.parametrize("case, op, want", [pytest.param(*c, id=f"{c[0].id}-{c[1]}-{c[2]}")
                                             for c in SOFTWARE])
 def test_software_target_variants(gpu_device, case: Case, op: str, want: str) -> None:
     """CPU rasterisers run a serial loop per row unless the row is longer than
