@@ -11,7 +11,9 @@ with S times more workgroups, each doing 1/S of the work, and one reduction of S
 output. Two reasons to split: a big product (at least :data:`MIN_WORK` multiply-adds) is cut
 into chunks of :data:`CHUNK` rows; a small output (fewer than :data:`FILL_TILES` 64x64 tiles,
 e.g. an LM head's [D, vocab] or a narrow model's [D, 4D] gradient) is split until it has
-that many, down to chunks of :data:`MIN_CHUNK` rows. Products under :data:`MIN_FILL_WORK`
+that many, down to chunks of :data:`MIN_CHUNK` rows; a big product with too few 128x128
+tiles for the largest tiling (:data:`BIG_TILES`) is split into chunks of at least
+:data:`CHUNK` rows until it has them, when K is at least twice M and N. Products under :data:`MIN_FILL_WORK`
 multiply-adds are left alone: a second kernel costs more than they gain.
 """
 
@@ -27,13 +29,11 @@ MAX_SPLITS = 16
 FILL_TILES = 128       # 64x64 output tiles that keep a large GPU busy
 MIN_FILL_WORK = 1 << 22
 MIN_CHUNK = 128
+BIG_TILES = 256        # 128x128 output tiles the largest matmul tiling wants (linalg.py)
 
 
 def splits_for(m: int, k: int, n: int) -> int:
     """How many chunks to split K into (1: leave the matmul as it is)."""
-    if k < 4 * max(m, n):
-        return 1
-
     def halvings(until: int, chunk: int) -> int:
         s = 1
         while s < until and s * 2 <= MAX_SPLITS and k % (s * 2) == 0 and \
@@ -41,11 +41,19 @@ def splits_for(m: int, k: int, n: int) -> int:
             s *= 2
         return s
 
+    # A big product whose output has too few 128x128 tiles for the largest matmul tiling
+    # (GPT-2's [768, 3072] MLP gradients over 8,192 rows: 144 tiles, 14 TFLOP/s in 64x128
+    # tiles) is split until the partials have enough.
+    big_tiles = -(-m // 128) * -(-n // 128)
+    by_big = halvings(-(-BIG_TILES // big_tiles), CHUNK) \
+        if m * n * k >= MIN_WORK and big_tiles < BIG_TILES and k >= 2 * max(m, n) else 1
+    if k < 4 * max(m, n):
+        return by_big
     by_work = halvings(MAX_SPLITS, CHUNK) if m * n * k >= MIN_WORK else 1
     tiles = -(-m // 64) * -(-n // 64)
     by_fill = halvings(-(-FILL_TILES // tiles), MIN_CHUNK) \
         if m * n * k >= MIN_FILL_WORK and tiles < FILL_TILES else 1
-    return max(by_work, by_fill)
+    return max(by_work, by_fill, by_big)
 
 
 def split_long_contractions(graph: Graph, protected: Iterable[int]
