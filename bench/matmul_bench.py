@@ -99,7 +99,8 @@ def _kernel(device: Any, s: Shape, variant: str) -> tuple[Any, Any, str]:
         out = mm(a, b, s.ta, s.tb)
     graph = st.graph
     target = Target.for_device(device.limits, device.info)
-    used = choose_variant(s.spec, prefer_tiled=not target.software) if variant == "auto" \
+    storage = target.limits.max_compute_workgroup_storage_size
+    used = choose_variant(s.spec, not target.software, storage) if variant == "auto" \
         else variant
     saved = linalg.FORCE_VARIANT
     linalg.FORCE_VARIANT = used
@@ -183,7 +184,9 @@ async def run_matmul(args: Any, device: Any, torch: Any) -> dict[str, Any]:
         if wanted and not any(w in s.name for w in wanted):
             continue
         row: dict[str, Any] = {"shape": s.name, "mkn": s.describe(), "flop": s.flop,
-                               "auto": choose_variant(s.spec, not device.info.software),
+                               "auto": choose_variant(
+                                   s.spec, not device.info.software,
+                                   device.limits.max_compute_workgroup_storage_size),
                                "variants": {}}
         bufs = []
         try:

@@ -130,13 +130,17 @@ def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> 
 #   tiledBxC shared-memory GEMM (:class:`Tiling`): a (16 B)x(16 C) output tile per
 #            workgroup, K chunks staged in workgroup memory, each thread a BxC block, 2
 #            barriers per chunk; no bounds checks when the tiles divide M, N and K.
-# Measured on an NVIDIA H200 (Vulkan, f32, 2026-12-03): tiled8 24.3 TFLOP/s at 4096^3 and
-# 22-24 wherever it has >= 256 tiles (2048^3, [4096, 256] @ [256, 1024], GPT-2's MLP), but
-# 9.2-9.9 with 64 tiles ([4096, 1024] @ [1024, 256]), where tiled4x8 gives 14.6-15.2 and
-# tiled4 13.3; prefetching the next chunk into registers gained nothing. Smaller tiles win
-# when bigger ones leave the GPU idle or pad the output; reduce wins below ~8K outputs with
-# K >= 256. Weight gradients with long K are split by passes/split_k.py. On CPU rasterisers
-# (lavapipe) barriers are slow: blocked beats naive 2-5x once M, N >= 32, tiled/reduce lose.
+#   tiledBv  the same with the tiles held and read as vec4s (B a multiple of 4).
+# Measured on an NVIDIA H200 (Vulkan, f32, 2026-12-04, report.py --matmul): at 4096^3
+# tiled8v16 31.1 TFLOP/s, tiled8v 28.7, tiled8 (scalar reads) 24.2, cuBLAS 51.2; GPT-2's
+# MLP forward 30.8 / 28.5 (tiled8: 24.2 / 21.8). Reading the tiles as vec4s cuts shared-memory
+# loads 4x, which bound the scalar kernel; without the vec4 of padding per k-row the chunk's
+# scalar stores conflict (26.3 at 4096^3). With 64 tiles of 128 ([4096, 1024] @ [1024, 256])
+# tiled4x8v gives 16.5 (tiled8v16 12.4, tiled4x8 15.2). Smaller tiles win when bigger ones
+# leave the GPU idle or pad the output; reduce wins below ~8K outputs with K >= 256; a
+# prefetch of the next chunk into registers gained nothing. Weight gradients with long K are
+# split by passes/split_k.py. On CPU rasterisers (lavapipe) barriers are slow: register
+# blocks beat naive 2-5x once M, N >= 32, tiled/reduce lose.
 
 REDUCE_MAX_OUTPUTS = 8_192
 REDUCE_MIN_K = 256
@@ -180,9 +184,10 @@ class MatmulSpec:
         return f"{off}{col}", w.u(self.n)
 
 
-def choose_variant(spec: MatmulSpec, prefer_tiled: bool) -> str:
+def choose_variant(spec: MatmulSpec, prefer_tiled: bool, storage: int = 16_384) -> str:
     """Kernel variant for a shape; `prefer_tiled` is False on CPU-emulated GPUs, where
-    barriers are slow."""
+    barriers are slow; `storage`: the device's workgroup memory in bytes (a tiling that
+    needs more is passed over)."""
     if FORCE_VARIANT is not None:
         return FORCE_VARIANT
     if not prefer_tiled:
@@ -191,9 +196,12 @@ def choose_variant(spec: MatmulSpec, prefer_tiled: bool) -> str:
         return "reduce"
     if spec.outputs < 1024:
         return "naive"
-    for variant, enough in (("tiled8", 2 * FILL_WORKGROUPS), ("tiled4x8", FILL_WORKGROUPS),
-                            ("tiled4", FILL_WORKGROUPS), ("tiled2", FILL_WORKGROUPS)):
+    for variant, enough in (("tiled8v16", 2 * FILL_WORKGROUPS), ("tiled8v", 2 * FILL_WORKGROUPS),
+                            ("tiled4x8v", FILL_WORKGROUPS), ("tiled4", FILL_WORKGROUPS),
+                            ("tiled2", FILL_WORKGROUPS)):
         t = TILINGS[variant]
+        if t.shared_bytes > storage:
+            continue
         tiles_m, tiles_n = -(-spec.m // t.tile_m), -(-spec.n // t.tile_n)
         padded = tiles_m * tiles_n * t.tile_m * t.tile_n
         # a tile much bigger than the output (an attention head's 64 x 64) computes padding
@@ -352,6 +360,7 @@ class Tiling:
     bm: int
     bn: int
     tk: int
+    vec: bool = False  # shared memory read as vec4s: rows 64 q + 4 ty + i, cols 64 q + 4 tx + j
 
     @property
     def tile_m(self) -> int:
@@ -361,11 +370,20 @@ class Tiling:
     def tile_n(self) -> int:
         return 16 * self.bn
 
+    @property
+    def shared_bytes(self) -> int:
+        """Workgroup memory of the two staged tiles (each k-row padded by a vec4 when
+        `vec`, by a float otherwise)."""
+        pad = 4 if self.vec else 1
+        return 4 * self.tk * (self.tile_m + self.tile_n + 2 * pad)
+
 
 # name -> tiling. "tiledB" are square B x B blocks; "tiledBxC" B x C.
 TILINGS = {
     "tiled1": Tiling(1, 1, 16), "tiled2": Tiling(2, 2, 16), "tiled4": Tiling(4, 4, 16),
     "tiled8": Tiling(8, 8, 8), "tiled8x4": Tiling(8, 4, 16), "tiled4x8": Tiling(4, 8, 16),
+    "tiled8v": Tiling(8, 8, 8, vec=True), "tiled8v16": Tiling(8, 8, 16, vec=True),
+    "tiled4x8v": Tiling(4, 8, 16, vec=True),
 }
 
 
@@ -436,6 +454,56 @@ def _emit_tiled(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
     return w.workgroup_kernel(ctx, "\n".join(lines), groups, prelude=prelude)
 
 
+def _emit_tiled_vec(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
+    """The shared-memory GEMM with its tiles held as vec4s: each thread reads bm/4 + bn/4
+    vec4s per k instead of bm + bn scalars (shared-memory bandwidth bounds the scalar
+    kernel on large GPUs) and accumulates in vec4s. Thread (tx, ty) owns rows
+    64 q + 4 ty + i and cols 64 q + 4 tx + j; a row of a tile is padded by one vec4, so the
+    chunk's scalar stores fall in distinct banks."""
+    qa, qb = t.bm // 4, t.bn // 4
+    pad_a, pad_b = t.tile_m // 4 + 1, t.tile_n // 4 + 1
+    aligned = s.m % t.tile_m == 0 and s.n % t.tile_n == 0 and s.k % t.tk == 0
+    head, groups = _tile_header(s, t.tile_m, t.tile_n)
+    lines = [head, f"  let gm0 = tm * {w.u(t.tile_m)};", f"  let gn0 = tn * {w.u(t.tile_n)};"]
+    pre_a, load_a = _tile_loads(s, t, "a", aligned)
+    pre_b, load_b = _tile_loads(s, t, "b", aligned)
+    lines += pre_a + pre_b
+    lines += [f"  var c{r}_{q} = vec4<f32>(0.0f);" for r in range(t.bm) for q in range(qb)]
+    stores = [f"    As[ak{j} * {w.u(pad_a)} + ax{j} / 4u][ax{j} % 4u] = av{j};"
+              for j in range(len(load_a))]
+    stores += [f"    Bs[bk{j} * {w.u(pad_b)} + bx{j} / 4u][bx{j} % 4u] = bv{j};"
+               for j in range(len(load_b))]
+    multiply = [f"    for (var kk = 0u; kk < {w.u(t.tk)}; kk = kk + 1u) {{"]
+    multiply += [f"      let a{q} = As[kk * {w.u(pad_a)} + ty + {w.u(16 * q)}];"
+                 for q in range(qa)]
+    multiply += [f"      let b{q} = Bs[kk * {w.u(pad_b)} + tx + {w.u(16 * q)}];"
+                 for q in range(qb)]
+    multiply += [f"      c{r}_{q} = fma(vec4<f32>(a{r // 4}.{'xyzw'[r % 4]}), b{q}, c{r}_{q});"
+                 for r in range(t.bm) for q in range(qb)]
+    multiply.append("    }")
+    lines.append(f"  for (var k0 = 0u; k0 < {w.u(s.k)}; k0 = k0 + {w.u(t.tk)}) {{")
+    lines += [f"    {x}" for x in load_a + load_b]
+    lines += stores + ["    workgroupBarrier();"]
+    lines += multiply + ["    workgroupBarrier();", "  }"]
+    off = f"bt * {w.u(s.m * s.n)} + " if s.batch > 1 else ""
+    for r in range(t.bm):
+        row = f"gm0 + {w.u(64 * (r // 4) + r % 4)} + 4u * ty"
+        lines.append(f"  let row{r} = {row};")
+        if not aligned:
+            lines.append(f"  if (row{r} < {w.u(s.m)}) {{")
+        for q in range(qb):
+            for j in range(4):
+                col = f"gn0 + {w.u(64 * q + j)} + 4u * tx"
+                store = f"out[{off}row{r} * {w.u(s.n)} + {col}] = c{r}_{q}.{'xyzw'[j]};"
+                lines.append(f"    if ({col} < {w.u(s.n)}) {{ {store} }}" if not aligned
+                             else f"  {store}")
+        if not aligned:
+            lines.append("  }")
+    prelude = (f"var<workgroup> As: array<vec4<f32>, {t.tk * pad_a}>;\n"
+               f"var<workgroup> Bs: array<vec4<f32>, {t.tk * pad_b}>;")
+    return w.workgroup_kernel(ctx, "\n".join(lines), groups, prelude=prelude)
+
+
 def emit_matmul(ctx: EmitContext, spec: MatmulSpec, variant: str) -> Kernel:
     """The WGSL kernel of one matmul for `variant` (one of :data:`VARIANTS`)."""
     if variant == "naive":
@@ -443,7 +511,8 @@ def emit_matmul(ctx: EmitContext, spec: MatmulSpec, variant: str) -> Kernel:
     if variant == "reduce":
         return _emit_reduce(ctx, spec)
     if variant in TILINGS:
-        return _emit_tiled(ctx, spec, TILINGS[variant])
+        t = TILINGS[variant]
+        return (_emit_tiled_vec if t.vec else _emit_tiled)(ctx, spec, t)
     if variant in REGISTER_BLOCKS:
         return _emit_registers(ctx, spec, *REGISTER_BLOCKS[variant])
     raise ValueError(f"unknown matmul kernel variant {variant!r}")
@@ -461,7 +530,8 @@ def _emit(ctx: EmitContext) -> Kernel:
     else:
         batch, m = 1, prod(ctx.node.shape[:-1])  # lhs leading dims flattened into rows
     spec = MatmulSpec(batch, m, k, n, ta, tb, b_batched=batched)
-    return emit_matmul(ctx, spec, choose_variant(spec, prefer_tiled=not ctx.target.software))
+    storage = ctx.target.limits.max_compute_workgroup_storage_size
+    return emit_matmul(ctx, spec, choose_variant(spec, not ctx.target.software, storage))
 
 
 # Each operand element is read many times (once per output row or column tile), so a

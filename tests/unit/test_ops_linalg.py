@@ -123,10 +123,10 @@ def test_reference_float64() -> None:
 
 
 @pytest.mark.parametrize("spec, tiled, want", [
-    (MatmulSpec(1, 1024, 1024, 1024), True, "tiled4x8"),   # 64 tiles of 128: too few
-    (MatmulSpec(1, 2048, 2048, 2048), True, "tiled8"),
-    (MatmulSpec(1, 4096, 256, 1024), True, "tiled8"),
-    (MatmulSpec(1, 4096, 1024, 256), True, "tiled4x8"),    # 15.2 TFLOP/s vs tiled4's 13.3
+    (MatmulSpec(1, 1024, 1024, 1024), True, "tiled4x8v"),  # 64 tiles of 128: too few
+    (MatmulSpec(1, 2048, 2048, 2048), True, "tiled8v"),    # 16 KiB of workgroup memory
+    (MatmulSpec(1, 4096, 256, 1024), True, "tiled8v"),
+    (MatmulSpec(1, 4096, 1024, 256), True, "tiled4x8v"),   # 16.5 TFLOP/s vs tiled4's 13.3
     (MatmulSpec(1, 1040, 64, 520), True, "tiled4"),
     (MatmulSpec(1, 512, 8192, 512, ta=True), True, "tiled2"),
     (MatmulSpec(1, 128, 4096, 128, ta=True), True, "tiled1"),
@@ -143,6 +143,14 @@ def test_reference_float64() -> None:
 ])
 def test_variant_choice(spec: MatmulSpec, tiled: bool, want: str) -> None:
     assert choose_variant(spec, tiled) == want
+
+
+def test_the_largest_tiling_needs_more_than_the_default_workgroup_memory() -> None:
+    spec = MatmulSpec(1, 4096, 4096, 4096)
+    assert linalg.TILINGS["tiled8v16"].shared_bytes > 16_384
+    assert choose_variant(spec, True, storage=16_384) == "tiled8v"
+    assert choose_variant(spec, True, storage=32_768) == "tiled8v16"
+    assert choose_variant(MatmulSpec(1, 4096, 1024, 256), True, storage=32_768) == "tiled4x8v"
 
 
 def test_forced_variant(monkeypatch) -> None:
