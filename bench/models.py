@@ -72,8 +72,7 @@ class GPTBlock(tg.Module):
         q = tg.split_heads(self.q(h), c.heads)       # [B, H, T, d]
         k = tg.split_heads(self.k(h), c.heads)
         v = tg.split_heads(self.v(h), c.heads)
-        scores = (q @ tg.swap_axes(k, -1, -2)) * (1.0 / (c.d // c.heads) ** 0.5)
-        x = x + self.proj(tg.merge_heads(tg.softmax_causal(scores) @ v))
+        x = x + self.proj(tg.merge_heads(tg.scaled_dot_product_attention(q, k, v, is_causal=True)))
         return x + self.down(tg.gelu(self.up(self.ln2(x))))
 
 
