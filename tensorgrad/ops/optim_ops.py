@@ -141,7 +141,7 @@ def _scale_inputs(gnorm: Tensor | None, gtotal: Tensor | None, ok: Tensor | None
 
 # ---- the step guard ----------------------------------------------------------------------
 
-GUARD_THREADS_MAX = 16_384   # partial flags per finite_partials node
+GUARD_THREADS_MAX = 262_144  # partial flags per node: enough threads to fill a large GPU
 GUARD_PER_THREAD = 64        # elements each thread scans, at least (when there are many)
 MAX_GUARD_INPUTS = 7
 

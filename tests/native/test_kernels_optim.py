@@ -14,6 +14,7 @@ import pytest
 from tensorgrad import optim
 from tensorgrad.codegen.kernel import dispatch_size
 from tensorgrad.ops import optim_ops as oo
+from tensorgrad.ops.registry import record
 from tests.harness import Arg, Case, build
 from tests.kernel_check import check_graph_kernels
 from tests.unit.test_optim import CASES, P1, P2, XS, YS
@@ -71,3 +72,18 @@ def test_update_past_the_workgroup_limit(gpu_device) -> None:
                 [Arg(shape, gen="unit"), Arg(shape, gen="unit"), Arg((), gen=np.float32(0.1))],
                 grad=False)
     assert check(gpu_device, case) == {"sgd_update_p"}
+
+
+def test_partials_of_a_gradient_past_the_thread_cap(gpu_device) -> None:
+    """GUARD_THREADS_MAX partials (a thread each) over 16.8M elements: each thread scans an
+    interleaved slice; a NaN in the last element clears its slice's flag."""
+    n = oo.GUARD_THREADS_MAX * oo.GUARD_PER_THREAD + 5
+    assert oo.guard_width([n]) == oo.GUARD_THREADS_MAX
+    x = np.random.default_rng(0).uniform(-0.9, 0.9, n).astype(np.float32)
+    total = Case("sumsq_partials", lambda a: oo.sumsq_total([a]), [Arg((n,), gen=x)],
+                 grad=False)
+    assert "sumsq_partials" in check(gpu_device, total)
+    x[-1] = np.nan
+    flags = Case("finite_partials", lambda a: record("finite_partials", [a]),
+                 [Arg((n,), gen=x)], grad=False)
+    assert check(gpu_device, flags) == {"finite_partials"}
