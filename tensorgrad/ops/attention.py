@@ -16,7 +16,7 @@ from ..tensor import Tensor
 from .linalg import matmul
 from .reduce import softmax, softmax_causal
 from .registry import public
-from .rules import require_dtype
+from .rules import is_finite_number, require_dtype
 from .shape import swap_axes
 
 
@@ -58,8 +58,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
                          f"and k {list(k.shape)}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(
-            scale):
+    elif not is_finite_number(scale):
         raise ShapeError(op, f"scale must be a finite Python number or None, got {scale!r}")
     scores = matmul(q, swap_axes(k, -1, -2)) * float(scale)
     return matmul(softmax_causal(scores) if is_causal else softmax(scores), v)

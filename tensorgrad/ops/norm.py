@@ -9,7 +9,6 @@ into the kernels around them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +21,7 @@ from ..tensor import Tensor
 from .elementwise import add, mul
 from .reduce import ROW_STITCH, RowStat, row_kernel
 from .registry import GRAD_ERROR, Stitch, define, public, record
-from .rules import require_dtype
+from .rules import is_finite_number, require_dtype
 
 
 def _np():
@@ -122,8 +121,7 @@ def _check_norm(op: str, x: Tensor, eps: float, **affine: Tensor | None) -> None
     if x.ndim == 0:
         raise ShapeError(op, "x must have rank >= 1 (it is normalized over its last axis), "
                          "got a 0-d tensor")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (
-            math.isfinite(eps) and eps >= 0):
+    if not (is_finite_number(eps) and eps >= 0):
         raise ShapeError(op, f"eps must be a finite Python number >= 0, got {eps!r}")
     for name, t in affine.items():
         if t is None:

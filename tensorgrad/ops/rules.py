@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import ShapeError
 from ..ir import Node, Shape
@@ -21,6 +23,12 @@ def broadcast_shapes(op: str, *shapes: Shape) -> Shape:
                              f"{sorted(dims)}; each must be equal or 1)")
         out.append(dims.pop() if dims else 1)
     return tuple(out)
+
+
+def is_finite_number(value: Any) -> bool:
+    """Whether `value` is a finite Python int or float (not a bool)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value))
 
 
 def require_dtype(op: str, node: Node, *dtypes: str, what: str = "input") -> None:
