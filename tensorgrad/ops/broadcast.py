@@ -1,4 +1,5 @@
-"""broadcast_to and sum_to_shape: the pair that implements broadcasting and its gradient."""
+"""broadcast_to and sum_to_shape: the pair that implements broadcasting and its gradient;
+and sum_partials, the first stage of a column sum that passes/split_reduce.py splits."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import Node, Shape
 from ..tensor import Tensor
-from .registry import Stitch, define, record
+from .registry import GRAD_ERROR, Stitch, define, record
 
 
 def _infer_broadcast_to(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
@@ -61,6 +62,38 @@ define("sum_to_shape", infer=_infer_sum_to_shape, ref=_ref_sum_to_shape,
        vjp=lambda ins, out, dy, attrs: [broadcast_to(dy, ins[0].shape)],
        emit=_emit_sum_to_shape, doc="Sum the axes broadcasting added, down to `shape`.",
        stitch=Stitch(prologue=(0,), epilogue=True))
+
+
+# ---- sum_partials ------------------------------------------------------------------------
+
+def _infer_sum_partials(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    (a,) = inputs
+    rows, parts = attrs["rows"], attrs["parts"]
+    ints = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (rows, parts))
+    prefixes = {prod(a.shape[:k]) for k in range(len(a.shape) + 1)}
+    if not ints or rows % parts or rows not in prefixes:
+        raise ShapeError("sum_partials", f"rows={rows!r} must be the product of leading axes "
+                         f"of {list(a.shape)} and a multiple of parts={parts!r}")
+    return (parts, prod(a.shape) // rows), a.dtype
+
+
+def _ref_sum_partials(args: Sequence[Any], node: Node) -> Any:
+    (a,) = args
+    parts = node.attrs["parts"]
+    return a.reshape(parts, node.attrs["rows"] // parts, -1).sum(axis=1)
+
+
+def _emit_sum_partials(ctx: EmitContext) -> Kernel:
+    parts, cols = ctx.node.shape
+    chunk = ctx.node.attrs["rows"] // parts
+    index = f"((o / {w.u(cols)}) * {w.u(chunk)} + r) * {w.u(cols)} + o % {w.u(cols)}"
+    return w.reduce_kernel(ctx, ctx.node.size, chunk, index)
+
+
+define("sum_partials", infer=_infer_sum_partials, ref=_ref_sum_partials, vjp=GRAD_ERROR,
+       emit=_emit_sum_partials, stitch=Stitch(prologue=(0,), epilogue=True),
+       doc="x [R..., N...] (R = `rows`, leading axes) -> [parts, N]: partial sums of "
+           "R / parts consecutive rows each, one thread per output (reads coalesced).")
 
 
 def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:

@@ -18,6 +18,7 @@ from .dce import eliminate_dead_code
 from .fuse import fuse_elementwise
 from .packs import separate_pack_members
 from .split_k import split_long_contractions
+from .split_reduce import split_column_sums
 from .stitch import stitch_kernels
 
 Phase = Literal["after_autograd", "after_optimizer"]
@@ -40,6 +41,7 @@ PASSES: list[Pass] = [
     Pass("eliminate dead code", "after_autograd", eliminate_dead_code),
     Pass("split long contractions", "after_optimizer", split_long_contractions,
          option="parallel_gpu"),
+    Pass("split column sums", "after_optimizer", split_column_sums, option="parallel_gpu"),
     Pass("fuse elementwise chains", "after_optimizer", fuse_elementwise, option="fuse"),
     Pass("stitch prologues and epilogues into kernels", "after_optimizer", stitch_kernels,
          option="fuse"),
@@ -48,4 +50,4 @@ PASSES: list[Pass] = [
 ]
 
 __all__ = ["PASSES", "Pass", "Phase", "eliminate_dead_code", "fuse_elementwise",
-           "separate_pack_members", "split_long_contractions", "stitch_kernels"]
+           "separate_pack_members", "split_column_sums", "split_long_contractions", "stitch_kernels"]

@@ -91,3 +91,18 @@ def test_split_k_weight_gradient_matches_reference(gpu_device, monkeypatch) -> N
     graph, _ = split_k.split_long_contractions(b.graph, b.grads.values())
     assert any(n.op == "matmul_batched" for n in graph.nodes)
     asyncio.run(check_graph_kernels(gpu_device, graph, b.values))
+
+
+def test_split_column_sum_matches_reference(gpu_device, monkeypatch) -> None:
+    from tensorgrad.passes import split_reduce
+
+    monkeypatch.setattr(split_reduce, "MIN_ELEMENTS", 1)
+    monkeypatch.setattr(split_reduce, "FILL_THREADS", 256)
+    monkeypatch.setattr(split_reduce, "MIN_ROWS", 4)
+    case = Case("add", lambda x, b: tg.sum(tg.tanh(tg.reshape(x, (6, 64, 10)) + b)),
+                [Arg((384, 10)), Arg((10,))], name="split-bias")
+    b = build(case)
+    graph, _ = split_reduce.split_column_sums(b.graph, b.grads.values())
+    part = next(n for n in graph.nodes if n.op == "sum_partials")
+    assert part.shape == (32, 10) and part.attrs["rows"] == 384
+    asyncio.run(check_graph_kernels(gpu_device, graph, b.values))

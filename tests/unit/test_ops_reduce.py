@@ -8,6 +8,7 @@ import torch
 
 import tensorgrad as tg
 from tensorgrad import ShapeError
+from tensorgrad.ops.registry import record
 from tests.harness import Arg, Case, build, run_reference
 
 TIES = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, -1.0, 2.0], [-5.0, -5.0, -5.0, -5.0]],
@@ -108,6 +109,13 @@ CASES = [
     Case("where_causal", lambda x: tg.softmax(tg.where_causal(x, float("-inf"))),
          [Arg((2, 5, 5))], torch_fn=lambda x: torch.softmax(t_where_causal(x, -1e30), -1),
          name="neg-inf-then-softmax"),
+    # the first stage of a split column sum (passes/split_reduce.py): never traced by users
+    Case("sum_partials", lambda x: record("sum_partials", [x * 1.0], rows=8, parts=4),
+         [Arg((2, 4, 3, 5))], grad=False, name="rank4",
+         np_fn=lambda x: x.reshape(4, 2, 15).sum(1)),
+    Case("sum_partials", lambda x: record("sum_partials", [x], rows=600, parts=2),
+         [Arg((600, 3))], grad=False, name="long-workgroup",
+         np_fn=lambda x: x.reshape(2, 300, 3).sum(1)),
 ]
 
 
@@ -167,6 +175,10 @@ def _err(fn, *args: Arg):
     (lambda x: tg.where_causal(x, 0.0), (r"where_causal: the last two axes must be square "
                                         r"\[..., T, T\], got shape \[3, 4\]")),
     (lambda x: tg.where_causal(x, "a"), r"where_causal: fill must be a Python number"),
+    (lambda x: record("sum_partials", [x], rows=6, parts=2),
+     (r"sum_partials: rows=6 must be the product of leading axes of \[3, 4\] and a multiple "
+      r"of parts=2")),
+    (lambda x: record("sum_partials", [x], rows=3, parts=2), r"sum_partials: rows=3 must"),
 ])
 def test_errors(fn, match) -> None:
     with pytest.raises(ShapeError, match=match):

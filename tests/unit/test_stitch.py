@@ -201,3 +201,53 @@ def test_long_weight_gradients_are_split_along_k() -> None:
              "dy": rng.standard_normal((4096, 1024)).astype(np.float32)}
     np.testing.assert_allclose(evaluate(out, feeds)[remap[dw.id]],
                                evaluate(st.graph, feeds)[dw.id], rtol=1e-4, atol=1e-3)
+
+
+def test_long_column_sums_are_split_in_two_stages() -> None:
+    from tensorgrad.passes import split_column_sums
+    from tensorgrad.passes.split_reduce import column_split
+
+    # GPT-2's bias gradients: [B, T, 768] and [B, T, 3072] summed over 8,192 rows
+    assert column_split((32, 256, 768), (768,)) == (8192, 768, 256)
+    assert column_split((32, 256, 3072), (1, 1, 3072)) == (8192, 3072, 64)
+    assert column_split((4096, 256), (256,)) is None          # small: one kernel is enough
+    assert column_split((16, 8192, 768), (768, 768)) is None   # no leading block summed
+    assert column_split((8192, 4, 768), (4, 1)) is None        # kept axis before a summed one
+    assert column_split((8, 1 << 20), (1 << 20,)) is None      # columns enough already
+    assert column_split((8191, 768), (768,)) is None           # rows with no even split
+    with tracing() as st:
+        dy = leaf("input", "dy", (64, 128, 512))
+        from tensorgrad.ops import sum_to_shape
+        db = sum_to_shape(dy * 2.0, (1, 512))
+    st.graph.outputs = [db.id]
+    out, remap = split_column_sums(st.graph, ())
+    assert [n.op for n in out.nodes if n.op != "input"] == \
+        ["mul_scalar", "sum_partials", "sum_to_shape", "reshape"]
+    part = next(n for n in out.nodes if n.op == "sum_partials")
+    assert part.shape == (256, 512) and part.attrs["rows"] == 8192
+    assert out[remap[db.id]].shape == (1, 512)
+    feeds = {"dy": np.random.default_rng(0).standard_normal((64, 128, 512)).astype(np.float32)}
+    np.testing.assert_allclose(evaluate(out, feeds)[remap[db.id]],
+                               evaluate(st.graph, feeds)[db.id], rtol=1e-4, atol=1e-3)
+
+
+def test_column_sums_split_only_for_gpus() -> None:
+    from tensorgrad.codegen.kernel import Target
+
+    class Wide(tg.Module):
+        def __init__(self) -> None:
+            self.lin = tg.Linear(256, 1024)
+
+        def forward(self, x: tg.Tensor) -> tg.Tensor:
+            return self.lin(x)
+
+    def ops(target: Target) -> list[str]:
+        c = compile_graph(Request("training", Wide(), lambda m, x: tg.mean(m(x)),
+                                  {"x": (4096, 256)}, optimizer=tg.optim.SGD(lr=0.1), seed=1),
+                          Options(target=target), until="emit")
+        return [n.op for n in c.graph.nodes]
+
+    # the bias gradient sums 4,096 rows of 1,024: two stages for a GPU, one kernel for
+    # lavapipe / SwiftShader, where the first stage buys no parallelism
+    assert "sum_partials" in ops(Target(software=False))
+    assert "sum_partials" not in ops(Target(software=True))
