@@ -97,7 +97,8 @@ class _Writer:
                         for r in n.inputs]
             op = self.ops[n.op]
             assert op.expr is not None
-            text = _OPERAND.sub(lambda m: operands[int(m.group(1))], op.expr(n))
+            own = w.OWN_INDEX.sub(index, op.expr(n))
+            text = _OPERAND.sub(lambda m: operands[int(m.group(1))], own)
             if op.prelude and op.prelude not in self.preludes:
                 self.preludes.append(op.prelude)
         name = f"v{len(self._names)}"

@@ -7,6 +7,7 @@ read_write). `bool` is stored as u32. All shapes are baked into the text as lite
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from math import prod
 
@@ -110,8 +111,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     return Kernel(wgsl, groups * size, size)
 
 
+OWN_INDEX = re.compile(r"\bix\b")
+
+
 def elementwise(ctx: EmitContext, expr: str, prelude: str = "") -> Kernel:
-    """out[i] = expr, where `expr` may use a0, a1, ... (each input read with broadcasting)."""
+    """out[i] = expr, where `expr` may use a0, a1, ... (each input read with broadcasting)
+    and `ix` (the output index)."""
+    expr = OWN_INDEX.sub("i", expr)
     loads = "\n".join(
         f"  let a{k} = in{k}[{broadcast_index(ctx.node.shape, n.shape)}];"
         for k, n in enumerate(ctx.inputs))

@@ -862,7 +862,7 @@ def _t_sum_to(node, at, shape, a, cx):
 
 @_op("one_hot")
 def _t_one_hot(node, at, shape, a, cx):
-    args = [a[0].text, cx.dim(at["depth"])]
+    args = [_method(a[0], "squeeze(-1)").text, cx.dim(at["depth"])]  # the primitive's [..., 1]
     if node.dtype != "f32":
         args.append(TORCH_DTYPES[node.dtype])
     return _fn(cx.helper("one_hot"), *args)

@@ -53,26 +53,29 @@ def _infer_one_hot(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape
     if not _is_int(depth) or depth <= 0:
         raise ShapeError("one_hot", f"depth must be a positive int, got {depth!r}")
     _check_dtype("one_hot", attrs["dtype"])
-    return (*idx.shape, depth), attrs["dtype"]
+    if not idx.shape or idx.shape[-1] != 1:
+        raise ShapeError("one_hot", f"the primitive takes indices [..., 1], got shape "
+                         f"{list(idx.shape)}")
+    return (*idx.shape[:-1], depth), attrs["dtype"]
 
 
 def _ref_one_hot(args: Sequence[Any], node: Node) -> Any:
     np = _np()
-    idx = args[0]
-    hot = idx[..., None] == np.arange(node.attrs["depth"])
+    hot = args[0] == np.arange(node.attrs["depth"])
     return hot.astype(_np_out(node.dtype, np.float32))
 
 
-def _emit_one_hot(ctx: EmitContext) -> Kernel:
-    depth = ctx.node.attrs["depth"]
-    dt = ctx.node.dtype
-    body = (f"  out[i] = select({w.lit(0, dt)}, {w.lit(1, dt)}, "
-            f"u32(in0[i / {w.u(depth)}]) == i % {w.u(depth)});")
-    return w.thread_kernel(ctx, body)
+def _expr_one_hot(node: Node) -> str:
+    dt = node.dtype  # bool is stored as u32, like the comparisons' results
+    hit = f"u32(a0) == ix % {w.u(node.attrs['depth'])}"  # a negative index wraps: no hit
+    return f"select({w.lit(0, dt)}, {w.lit(1, dt)}, {hit})"
 
 
-define("one_hot", infer=_infer_one_hot, ref=_ref_one_hot, vjp=NO_GRAD, emit=_emit_one_hot,
-       doc="[...] i32 -> [..., depth]: 1 at the index, 0 elsewhere (no 1 when out of range).")
+# Elementwise (the indices [..., 1] broadcast along the classes), so a one-hot product such as
+# nll_loss's is fused into the kernel that reads it instead of being stored.
+define("one_hot", infer=_infer_one_hot, ref=_ref_one_hot, vjp=NO_GRAD, expr=_expr_one_hot,
+       doc="i32 [..., 1] -> [..., depth]: 1 where the index equals the position along the "
+           "last axis, else 0 (no 1 when out of range).")
 
 
 # Ops that move index values without changing them: an index read through them still comes
@@ -95,6 +98,29 @@ def _index_use(graph: Graph, node: Node) -> tuple[int, int, str] | None:
     return None
 
 
+def _index_reads(graph: Graph, node: Node) -> list[tuple[Node, int, str]]:
+    """(graph node the indices come from, bound, what needs it) for each index read of
+    `node`, looking into fused programs (a one-hot fused into the kernel that reads it)."""
+    use = _index_use(graph, node)
+    if use is not None:
+        pos, bound, what = use
+        return [(graph[node.inputs[pos]], bound, what)]
+    if node.op != "fused":
+        return []
+    program = node.attrs["program"].nodes
+    reads = []
+    for pn in program:
+        if pn.op != "one_hot":
+            continue
+        ref = pn.inputs[0]
+        while ref >= 0 and program[ref].op in _INDEX_PRESERVING:
+            ref = program[ref].inputs[0]
+        if ref < 0:
+            depth = int(pn.attrs["depth"])
+            reads.append((graph[node.inputs[-ref - 1]], depth, f"one_hot(depth={depth})"))
+    return reads
+
+
 def input_index_bounds(graph: Graph) -> dict[str, tuple[int, str]]:
     """{i32 input name: (bound, what)} for the inputs whose values directly index a one_hot
     (cross_entropy and nll_loss targets, take_along_axis) or a row gather/scatter
@@ -102,19 +128,15 @@ def input_index_bounds(graph: Graph) -> dict[str, tuple[int, str]]:
     all-zero row (and get no gradient)."""
     bounds: dict[str, tuple[int, str]] = {}
     for node in graph.nodes:
-        use = _index_use(graph, node)
-        if use is None:
-            continue
-        pos, bound, what = use
-        src = graph[node.inputs[pos]]
-        while src.op in _INDEX_PRESERVING:
-            src = graph[src.inputs[0]]
-        if src.op == "input" and src.dtype == "i32":
-            name = src.attrs["name"]
-            site = node.site.splitlines()[0] if node.site else ""
-            what += f" at {site}" if site else ""
-            if name not in bounds or bound < bounds[name][0]:
-                bounds[name] = (bound, what)
+        for src, bound, what in _index_reads(graph, node):
+            while src.op in _INDEX_PRESERVING:
+                src = graph[src.inputs[0]]
+            if src.op == "input" and src.dtype == "i32":
+                name = src.attrs["name"]
+                site = node.site.splitlines()[0] if node.site else ""
+                what += f" at {site}" if site else ""
+                if name not in bounds or bound < bounds[name][0]:
+                    bounds[name] = (bound, what)
     return bounds
 
 
@@ -123,7 +145,10 @@ def one_hot(idx: Tensor, depth: int, dtype: str = "f32") -> Tensor:
     """[...] i32 indices -> [..., depth] of `dtype`; an out-of-range index gives a zero row.
     Indices that come straight from an input are checked when a step or run is called: one
     outside 0..depth - 1 fails it, naming the input and the value."""
-    return record("one_hot", [idx], depth=depth, dtype=dtype)
+    if not isinstance(idx, Tensor):
+        raise ShapeError("one_hot", f"indices must be a Tensor, got {type(idx).__name__}")
+    require_dtype("one_hot", idx.node, "i32", what="indices")
+    return record("one_hot", [reshape(idx, (*idx.shape, 1))], depth=depth, dtype=dtype)
 
 
 # ---- arange ----------------------------------------------------------------------------

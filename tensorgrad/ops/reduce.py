@@ -379,8 +379,11 @@ define("softmax_causal_last", infer=_infer_last("softmax_causal_last", keep=True
        emit=lambda ctx: _emit_softmax_rows(ctx, causal=True),
        doc="Softmax of row q over columns 0..q of a [..., T, T] tensor; later columns 0.",
        stitch=ROW_STITCH)
-# Their backwards: one row kernel each (a sum over the row, then the write).
-ROW_GRAD_STITCH = Stitch(prologue=(0, 1), prologue_ops=2, epilogue=True)
+# Their backwards: one row kernel each (a sum over the row, then the write). They read dy
+# twice, and a few ops recomputed per read cost far less than storing and reloading dy: the
+# loss gradient of nll_loss (one-hot, scaled by the mean's 1/N) is 5 ops, computed in the
+# log-softmax backward instead of being written ([B·T, vocab]: 1.65 GB on GPT-2).
+ROW_GRAD_STITCH = Stitch(prologue=(0, 1), prologue_ops=8, epilogue=True)
 define("log_softmax_last_grad", infer=_infer_row_grad("log_softmax_last_grad"),
        ref=_ref_log_softmax_grad, vjp=GRAD_ERROR, emit=_emit_log_softmax_grad,
        doc="The gradient of log_softmax_last given its output and dy: dy - exp(out)·Σdy.",

@@ -28,7 +28,8 @@ EmitFn = Callable[[EmitContext], Kernel]
 # None when, for these shapes, it does not (then the op's kernel runs).
 ViewFn = Callable[[Node, Node], int | None]
 # expr(node) -> WGSL expression of one output element in terms of a0, a1, ... (the inputs
-# read at the same, broadcast, index). Ops with an expr are elementwise and fusable.
+# read at the same, broadcast, index) and `ix`, the element's flat index (u32) in the node's
+# shape. Ops with an expr are elementwise and fusable.
 ExprFn = Callable[[Node], str]
 
 NO_GRAD = "no_grad"          # the op contributes no gradient (argmax, comparisons, ...)

@@ -54,7 +54,7 @@ def test_negative_index_never_matches(gpu_device) -> None:
     idx = np.array([-1, 0, 2, -2147483648, 2147483647], np.int32)
     case = Case("one_hot", lambda i: tg.one_hot(i, 3, "i32"), [Arg((5,), "i32", gen=idx)],
                 grad=False)
-    assert check(gpu_device, case) == {"one_hot"}
+    assert "one_hot" in check(gpu_device, case)  # (and the reshape to [5, 1] it reads)
 
 
 def _scatter_wgsl(case: Case) -> str:
