@@ -132,8 +132,9 @@ def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> 
 #            barriers per chunk; no bounds checks when the tiles divide M, N and K.
 #   tiledBv  the same with the tiles held and read as vec4s (B a multiple of 4).
 # Measured on an NVIDIA H200 (Vulkan, f32, 2026-12-04, report.py --matmul): at 4096^3
-# tiled8v16 31.1 TFLOP/s, tiled8v 28.7, tiled8 (scalar reads) 24.2, cuBLAS 51.2; GPT-2's
-# MLP forward 30.8 / 28.5 (tiled8: 24.2 / 21.8). Reading the tiles as vec4s cuts shared-memory
+# tiled8v16 34.6 TFLOP/s, tiled8v 32.1, cuBLAS 51.3; GPT-2's MLP forward 34.4 / 33.4. With
+# the k loop of a chunk left as a loop they ran 31.1 / 28.7 and 30.8 / 28.5 (tiled8, scalar
+# reads: 24.2 at 4096^3, 24.2 / 21.8 on GPT-2). Reading the tiles as vec4s cuts shared-memory
 # loads 4x, which bound the scalar kernel; without the vec4 of padding per k-row the chunk's
 # scalar stores conflict (26.3 at 4096^3). With 64 tiles of 128 ([4096, 1024] @ [1024, 256])
 # tiled4x8v gives 16.5 (tiled8v16 12.4, tiled4x8 15.2). Smaller tiles win when bigger ones
