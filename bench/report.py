@@ -69,7 +69,7 @@ def torch_or_none() -> Any:
 
 
 async def bench_tensorgrad(device: Any, bench: Bench, steps: int, warmup: int,
-                           replays: int) -> dict[str, Any]:
+                           replays: int, top: int = 12) -> dict[str, Any]:
     """Compile `bench`, step it `warmup` then `steps` times (timed, adapter calls timed),
     then profile one step's dispatches on the GPU."""
     t0 = time.perf_counter()
@@ -123,7 +123,7 @@ async def bench_tensorgrad(device: Any, bench: Bench, steps: int, warmup: int,
             out["gpu_by_kind_ms"] = profile.by_kind_ms
             out["gpu_by_kind_count"] = profile.by_kind_count
             out["gpu_replays"] = profile.replays
-            out["gpu_top"] = slowest_dispatches(train._exe, profile.per_dispatch_ms)
+            out["gpu_top"] = slowest_dispatches(train._exe, profile.per_dispatch_ms, top)
     finally:
         train.destroy()
     return out
@@ -296,6 +296,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch.set_num_threads for a CPU twin (default: torch's own; "
                              "1 helps on a loaded machine, where spinning threads stall)")
+    parser.add_argument("--top", type=int, default=12,
+                        help="slowest dispatches kept in the JSON per model (default 12)")
     parser.add_argument("--matmul", action="store_true",
                         help="matmul kernel TFLOP/s per variant instead of the models")
     parser.add_argument("--shapes", default=None,
@@ -345,7 +347,7 @@ async def run_models(args: argparse.Namespace, device: Any) -> dict[str, Any]:
         print(f"[{bench.name}] {bench.sizes}: tensorgrad ...", flush=True)
         try:
             row["tensorgrad"] = await bench_tensorgrad(device, bench, args.steps, args.warmup,
-                                                       args.replays)
+                                                       args.replays, args.top)
         except Exception as err:  # noqa: BLE001 - one model failing must not end the report
             row["tensorgrad"] = {"error": f"{type(err).__name__}: {err}"}
         if torch is not None:
