@@ -194,3 +194,22 @@ def test_error_names_user_line() -> None:
     with pytest.raises(ShapeError) as info:
         _err(lambda x: tg.sum(x, 7))
     assert "test_ops_reduce.py" in str(info.value)
+
+
+@pytest.mark.parametrize("rows, length, software, team", [
+    (98_304, 256, False, 32),    # GPT-2's causal softmax rows: teams of 32, 8 rows a workgroup
+    (8_192, 768, False, 32),     # its LayerNorm rows
+    (8_192, 50_304, False, 256),  # its vocabulary rows: 196 columns a thread
+    (24, 1_000, False, 256),     # few rows: a workgroup each, to fill the GPU
+    (1_024, 64, False, 64),      # a team never outgrows its row
+    (100, 16, False, 1),         # short rows: a thread each
+    (24, 40_000, True, 256),     # CPU rasterisers: a workgroup for rows past the loop budget
+    (24, 1_000, True, 1),        # ... and serial loops otherwise
+    (98_304, 256, True, 1),
+])
+def test_row_team_sizes(rows: int, length: int, software: bool, team: int) -> None:
+    from tensorgrad.codegen.kernel import EmitContext, Target
+    from tensorgrad.ops.reduce import _row_team
+
+    ctx = EmitContext(None, (), Target(software=software))  # type: ignore[arg-type]
+    assert _row_team(ctx, rows, length) == team
