@@ -605,9 +605,9 @@ TORCH_DTYPES = {"f32": "torch.float32", "i32": "torch.int64", "bool": "torch.boo
 HELPERS = {
     "one_hot": '''
 def one_hot(idx, depth, dtype=torch.float32):
-    """[...] integer indices -> [..., depth]: 1 at the index, 0 elsewhere (an index outside
+    """[..., 1] integer indices -> [..., depth]: 1 at the index, 0 elsewhere (an index outside
     0..depth-1 gives a zero row, as in tensorgrad)."""
-    return (idx.unsqueeze(-1) == torch.arange(depth, device=idx.device)).to(dtype)
+    return (idx == torch.arange(depth, device=idx.device)).to(dtype)
 ''',
     "embedding": '''
 def embedding(table, idx):
@@ -862,7 +862,7 @@ def _t_sum_to(node, at, shape, a, cx):
 
 @_op("one_hot")
 def _t_one_hot(node, at, shape, a, cx):
-    args = [_method(a[0], "squeeze(-1)").text, cx.dim(at["depth"])]  # the primitive's [..., 1]
+    args = [a[0].text, cx.dim(at["depth"])]  # indices [..., 1], as the primitive takes them
     if node.dtype != "f32":
         args.append(TORCH_DTYPES[node.dtype])
     return _fn(cx.helper("one_hot"), *args)

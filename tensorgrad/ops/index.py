@@ -8,7 +8,7 @@ range selects nothing (a zero row) and receives no gradient instead of failing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorgrad.codegen.wgsl as w
@@ -83,14 +83,16 @@ define("one_hot", infer=_infer_one_hot, ref=_ref_one_hot, vjp=NO_GRAD, expr=_exp
 _INDEX_PRESERVING = ("reshape", "permute", "slice_range", "broadcast_to", "stop_gradient")
 
 
-def _index_use(graph: Graph, node: Node) -> tuple[int, int, str] | None:
+def _index_use(node: Node, input_shape: Callable[[int], Shape]
+               ) -> tuple[int, int, str] | None:
     """(input position of the indices, their bound, what needs it) for a node whose op reads
-    i32 indices that must lie in 0..bound - 1; None for other ops."""
+    i32 indices that must lie in 0..bound - 1; None for other ops. `input_shape(k)`: the
+    shape of the node's input k."""
     if node.op == "one_hot":
         depth = int(node.attrs["depth"])
         return 0, depth, f"one_hot(depth={depth})"
     if node.op == "gather_rows":
-        rows = int(graph[node.inputs[0]].shape[0])
+        rows = int(input_shape(0)[0])
         return 1, rows, f"embedding(vocab={rows})"
     if node.op == "scatter_add_rows":
         rows = int(node.attrs["rows"])
@@ -100,24 +102,26 @@ def _index_use(graph: Graph, node: Node) -> tuple[int, int, str] | None:
 
 def _index_reads(graph: Graph, node: Node) -> list[tuple[Node, int, str]]:
     """(graph node the indices come from, bound, what needs it) for each index read of
-    `node`, looking into fused programs (a one-hot fused into the kernel that reads it)."""
-    use = _index_use(graph, node)
-    if use is not None:
-        pos, bound, what = use
-        return [(graph[node.inputs[pos]], bound, what)]
+    `node`, looking into fused programs too (a one-hot fused into the kernel that reads it,
+    a gather with a stitched epilogue)."""
     if node.op != "fused":
-        return []
+        use = _index_use(node, lambda k: graph[node.inputs[k]].shape)
+        return [] if use is None else [(graph[node.inputs[use[0]]], use[1], use[2])]
     program = node.attrs["program"].nodes
+
+    def shape(ref: int) -> Shape:
+        return graph[node.inputs[-ref - 1]].shape if ref < 0 else program[ref].shape
+
     reads = []
     for pn in program:
-        if pn.op != "one_hot":
+        use = _index_use(pn, lambda k, pn=pn: shape(pn.inputs[k]))
+        if use is None:
             continue
-        ref = pn.inputs[0]
+        ref = pn.inputs[use[0]]
         while ref >= 0 and program[ref].op in _INDEX_PRESERVING:
             ref = program[ref].inputs[0]
-        if ref < 0:
-            depth = int(pn.attrs["depth"])
-            reads.append((graph[node.inputs[-ref - 1]], depth, f"one_hot(depth={depth})"))
+        if ref < 0:  # computed inside the kernel otherwise: not straight from an input
+            reads.append((graph[node.inputs[-ref - 1]], use[1], use[2]))
     return reads
 
 

@@ -141,9 +141,9 @@ def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> 
 # leave the GPU idle or pad the output: GPT-2's attention p@v (384 x [256, 256] @ [256, 64])
 # runs at 24.1 in 128x64 tiles (tiled8x4v), 17.3 in 64x64 (tiled4); reduce wins below ~8K
 # outputs with K >= 256; a prefetch of the next chunk into registers gained nothing, nor did
-# it with two staging buffers and one barrier per chunk (33.9 at 4096^3, 16.2 on p@v). Weight gradients with long K are
-# split by passes/split_k.py. On CPU rasterisers (lavapipe) barriers are slow: register
-# blocks beat naive 2-5x once M, N >= 32, tiled/reduce lose.
+# it with two staging buffers and one barrier per chunk (33.9 at 4096^3, 16.2 on p@v).
+# Weight gradients with long K are split by passes/split_k.py. On CPU rasterisers (lavapipe)
+# barriers are slow: register blocks beat naive 2-5x once M, N >= 32, tiled/reduce lose.
 
 REDUCE_MAX_OUTPUTS = 8_192
 REDUCE_MIN_K = 256
@@ -446,6 +446,7 @@ def _emit_tiled(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
     lines += [f"  var c{r}_{c} = 0.0f;" for r in range(t.bm) for c in range(t.bn)]
     stores = [f"    As[ak{j} * {w.u(pad_m)} + ax{j}] = av{j};" for j in range(len(load_a))]
     stores += [f"    Bs[bk{j} * {w.u(pad_n)} + bx{j}] = bv{j};" for j in range(len(load_b))]
+
     def step(kk: str) -> list[str]:
         lines = [f"      let a{r} = As[{kk}{w.u(pad_m)} + ty + {w.u(16 * r)}];"
                  for r in range(t.bm)]
@@ -485,6 +486,7 @@ def _emit_tiled_vec(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
               for j in range(len(load_a))]
     stores += [f"    Bs[bk{j} * {w.u(pad_b)} + bx{j} / 4u][bx{j} % 4u] = bv{j};"
                for j in range(len(load_b))]
+
     def step(kk: str) -> list[str]:
         lines = [f"      let a{q} = As[{kk}{w.u(pad_a)} + ty + {w.u(16 * q)}];" for q in range(qa)]
         lines += [f"      let b{q} = Bs[{kk}{w.u(pad_b)} + tx + {w.u(16 * q)}];"

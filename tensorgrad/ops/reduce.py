@@ -2,8 +2,9 @@
 
 The primitives work on the last axis only (`sum_last`, `mean_last`, `argmax_last`,
 `log_softmax_last`, `softmax_causal_last`, `where_causal`); other axes are moved to the end
-with `permute` first. Row kernels run one thread per row, or one workgroup per row when there
-are few, long rows (the same thresholds as :func:`tensorgrad.codegen.wgsl.reduce_kernel`).
+with `permute` first. Row kernels (:func:`row_kernel`) run a team of threads per row on GPUs
+(32, more for few or very long rows; see :func:`_row_team`), and one thread per row on CPU
+rasterisers, or a workgroup per row past their loop budget.
 """
 
 from __future__ import annotations

@@ -4,16 +4,18 @@ A bias or norm-weight gradient sums dY [R, N] over its R = B·T rows into [N]. O
 per output walks a column and reads coalesced (neighbouring threads, neighbouring columns),
 but N = 768 threads leave a large GPU idle; one workgroup per output (what the reduction
 kernel picks for few, long outputs) keeps it busy but reads each column with a stride of N
-floats, so a warp touches 32 memory sectors for 32 values (GPT-2: 170 such sums, 8.6 ms of a
-step). Splitting R into P chunks is a free view, and the rewrite is
+floats, so a warp touches 32 memory sectors for 32 values. Summing P chunks of R/P rows
+first needs no copy (`sum_partials` reads x as it is), and the rewrite is
 
     sum_to_shape(x [R..., N...], N...)  ->  sum_to_shape(sum_partials(x) [P, N], N...)
 
-whose first stage has P·N coalesced threads (at least :data:`FILL_THREADS`, each summing
-R/P rows) and whose second sums at most :data:`MAX_PARTS` partials per output (one read per
+whose first stage has P·N coalesced threads (at least :data:`FILL_THREADS` where the rows
+allow, each summing R/P rows) and whose second sums at most :data:`MAX_PARTS` partials per output (one read per
 invocation of a workgroup). Sums under :data:`MIN_ELEMENTS` inputs are left alone: a second
-kernel costs more than they gain. Like split-K it only adds parallelism, so it is off on
-CPU rasterisers.
+kernel costs more than they gain (splitting the GPT's [4096, 256] sums as well was measured
+no faster on an H200). Like split-K it only adds parallelism, so it is off on CPU
+rasterisers. On an H200, GPT-2's 122 split sums and the 73 left whole took 5.9 ms of a step,
+against 8.5 ms unsplit (same call).
 """
 
 from __future__ import annotations

@@ -173,3 +173,28 @@ def test_error_names_user_line() -> None:
     with pytest.raises(ShapeError) as info:
         _err(lambda x, i: tg.one_hot(i, -2))
     assert "test_ops_index.py" in str(info.value)
+
+
+def test_indices_read_inside_fused_kernels_are_bounded() -> None:
+    """A gather with a stitched epilogue (a forward graph: no scatter reads the ids) and a
+    one-hot fused into the reductions that read it still bound the ids from inputs."""
+    from tensorgrad.compiler import Options, Request, compile_graph
+
+    class Lookup(tg.Module):
+        def __init__(self) -> None:
+            self.table = self.param((7, 3))
+
+        def forward(self, ids: tg.Tensor, labels: tg.Tensor) -> tg.Tensor:
+            rows = tg.embedding(self.table, ids) * 2.0                   # [4, 3]
+            return tg.sum(rows * tg.one_hot(labels, 3), -1)              # [4]
+
+    c = compile_graph(Request("forward", Lookup(), lambda m, ids, labels: m(ids, labels),
+                              {"ids": ((4,), "i32"), "labels": ((4,), "i32")}), Options(),
+                      until="passes after optimizer")
+    fused = [n for n in c.graph.nodes if n.op == "fused"]
+    programs = [{m.op for m in n.attrs["program"].nodes} for n in fused]
+    assert any("gather_rows" in p for p in programs) and any("one_hot" in p for p in programs)
+    assert not {"gather_rows", "one_hot"} & {n.op for n in c.graph.nodes}
+    bounds = input_index_bounds(c.graph)
+    assert bounds["ids"][0] == 7 and bounds["ids"][1].startswith("embedding(vocab=7)")
+    assert bounds["labels"][0] == 3 and bounds["labels"][1].startswith("one_hot(depth=3)")
