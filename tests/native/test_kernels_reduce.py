@@ -54,6 +54,14 @@ LARGE = [
      "log_softmax_last", "team"),
     (Case("log_softmax", tg.log_softmax, [Arg((3000, 70))], name="team"),
      "log_softmax_last_grad", "team"),
+    # teams of 32 (the GPU default): 10 columns a thread, 8 rows a workgroup, the last one
+    # holding a single row
+    (Case("log_softmax", tg.log_softmax, [Arg((4201, 300))], fd=False, name="team32"),
+     "log_softmax_last", "team"),
+    (Case("log_softmax", tg.log_softmax, [Arg((4201, 300))], fd=False, name="team32"),
+     "log_softmax_last_grad", "team"),
+    (Case("layer_norm", tg.layer_norm, [Arg((4101, 96)), Arg((96,)), Arg((96,))], fd=False,
+          name="team32"), "normalize_last_grad", "team"),
     (Case("log_softmax", tg.log_softmax, [Arg((3000, 20))], name="thread"),
      "log_softmax_last", "thread"),
     (Case("softmax", lambda x: tg.softmax(x * 30.0), [Arg((4, 700))], name="wg-peaky"),
@@ -103,3 +111,13 @@ def test_software_target_variants(gpu_device, case: Case, op: str, want: str) ->
     target = Target(limits=gpu_device.limits, software=True)
     assert variant(case, op, target) == want
     assert op in check(gpu_device, case, target=target)
+
+
+def test_gpu_rows_get_teams_of_32() -> None:
+    """Many rows of 300 (GPU target): teams of 32 threads, 8 rows a workgroup (the cases
+    named team32 above run them on the device)."""
+    case = next(c for c, op, _ in LARGE if c.name == "team32" and op == "log_softmax_last")
+    b = build(case)
+    node = next(n for n in b.graph.nodes if n.op == "log_softmax_last")
+    wgsl = emit_node(b.graph, node, Target(), OPS).wgsl
+    assert "let lane = lid % 32u;" in wgsl and "lid / 32u" in wgsl
