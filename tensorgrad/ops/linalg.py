@@ -141,7 +141,8 @@ def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> 
 # leave the GPU idle or pad the output: GPT-2's attention p@v (384 x [256, 256] @ [256, 64])
 # runs at 24.1 in 128x64 tiles (tiled8x4v), 17.3 in 64x64 (tiled4); reduce wins below ~8K
 # outputs with K >= 256; a prefetch of the next chunk into registers gained nothing, nor did
-# it with two staging buffers and one barrier per chunk (33.9 at 4096^3, 16.2 on p@v).
+# it with two staging buffers and one barrier per chunk (33.9 at 4096^3, 16.2 on p@v), nor
+# a warp covering 8x4 of the thread grid instead of 16x2 (33.7 at 4096^3).
 # Weight gradients with long K are split by passes/split_k.py. On CPU rasterisers (lavapipe)
 # barriers are slow: register blocks beat naive 2-5x once M, N >= 32, tiled/reduce lose.
 
