@@ -20,7 +20,7 @@ from ..errors import ShapeError
 from ..ir import Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, define, public, record
-from .rules import require_dtype
+from .rules import is_int, require_dtype
 
 Pair = tuple[int, int]
 IntOrPair = int | Sequence[int]
@@ -38,14 +38,10 @@ def _np():
     return np
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _pair(op: str, name: str, v: IntOrPair) -> Pair:
-    if _is_int(v):
+    if is_int(v):
         return (v, v)  # type: ignore[return-value]
-    if isinstance(v, Sequence) and len(v) == 2 and all(_is_int(x) for x in v):
+    if isinstance(v, Sequence) and len(v) == 2 and all(is_int(x) for x in v):
         return (v[0], v[1])
     raise ShapeError(op, f"{name} must be an int or a pair of ints (h, w), got {v!r}")
 
@@ -76,7 +72,7 @@ def _conv_geometry(op: str, x: Shape, w_shape: Shape, stride: Pair, pad: Pair,
                    groups: int) -> tuple[int, int]:
     """Checks a convolution's shapes; returns (Hout, Wout)."""
     cin, cout, cig = x[1], w_shape[0], w_shape[1]
-    if not _is_int(groups) or groups < 1:
+    if not is_int(groups) or groups < 1:
         raise ShapeError(op, f"groups must be a positive int, got {groups!r}")
     if cin % groups or cout % groups:
         raise ShapeError(op, f"groups={groups} must divide the input channels ({cin}, x "
@@ -955,7 +951,7 @@ def nearest_upsample2d(x: Tensor, factor: int) -> Tensor:
         shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ShapeError("nearest_upsample2d", f"x must be a rank-4 [B, C, H, W] tensor, "
                          f"got {shape}")
-    if not _is_int(factor) or factor < 1:
+    if not is_int(factor) or factor < 1:
         raise ShapeError("nearest_upsample2d", f"factor must be an int >= 1, got {factor!r}")
     if factor == 1:
         return x

@@ -19,7 +19,7 @@ from ..ir import DTYPES, Graph, Node, Shape
 from ..tensor import Tensor
 from .elementwise import mul
 from .registry import GRAD_ERROR, NO_GRAD, Stitch, define, public, record
-from .rules import normalize_axis, require_dtype
+from .rules import is_int, normalize_axis, require_dtype
 from .shape import move_to_last, permute, reshape
 
 _NP_DTYPES = {"i32": "int32", "bool": "bool"}
@@ -28,10 +28,6 @@ _NP_DTYPES = {"i32": "int32", "bool": "bool"}
 def _np():
     import numpy as np
     return np
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _check_dtype(op: str, dtype: Any) -> None:
@@ -50,7 +46,7 @@ def _infer_one_hot(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape
     (idx,) = inputs
     require_dtype("one_hot", idx, "i32", what="indices")
     depth = attrs["depth"]
-    if not _is_int(depth) or depth <= 0:
+    if not is_int(depth) or depth <= 0:
         raise ShapeError("one_hot", f"depth must be a positive int, got {depth!r}")
     _check_dtype("one_hot", attrs["dtype"])
     if not idx.shape or idx.shape[-1] != 1:
@@ -159,7 +155,7 @@ def one_hot(idx: Tensor, depth: int, dtype: str = "f32") -> Tensor:
 
 def _infer_arange(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
     n = attrs["n"]
-    if not _is_int(n) or n <= 0:
+    if not is_int(n) or n <= 0:
         raise ShapeError("arange", f"n must be a positive int, got {n!r}")
     if attrs["dtype"] not in ("f32", "i32"):
         raise ShapeError("arange", f"dtype must be 'f32' or 'i32', got {attrs['dtype']!r}")
@@ -223,7 +219,7 @@ def _infer_scatter_add_rows(inputs: Sequence[Node], attrs: dict[str, Any]
     require_dtype("scatter_add_rows", dy, "f32", what="dy")
     require_dtype("scatter_add_rows", idx, "i32", what="indices")
     rows = attrs["rows"]
-    if not _is_int(rows) or rows <= 0:
+    if not is_int(rows) or rows <= 0:
         raise ShapeError("scatter_add_rows", f"rows must be a positive int, got {rows!r}")
     if len(dy.shape) != len(idx.shape) + 1 or dy.shape[:-1] != idx.shape:
         raise ShapeError("scatter_add_rows", f"dy {list(dy.shape)} must be the indices' shape "

@@ -25,6 +25,11 @@ def broadcast_shapes(op: str, *shapes: Shape) -> Shape:
     return tuple(out)
 
 
+def is_int(value: Any) -> bool:
+    """Whether `value` is a Python int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def is_finite_number(value: Any) -> bool:
     """Whether `value` is a finite Python int or float (not a bool)."""
     return (not isinstance(value, bool) and isinstance(value, (int, float))

@@ -18,7 +18,7 @@ from ..errors import ShapeError
 from ..ir import Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, define, public, record
-from .rules import normalize_axis, same_dtype
+from .rules import is_int, normalize_axis, same_dtype
 
 MAX_CONCAT_INPUTS = 7  # 7 inputs + 1 output = 8 storage buffers per kernel
 
@@ -26,10 +26,6 @@ MAX_CONCAT_INPUTS = 7  # 7 inputs + 1 output = 8 storage buffers per kernel
 def _np():
     import numpy as np
     return np
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _split3(shape: Shape, axis: int) -> tuple[int, int, int]:
@@ -42,7 +38,7 @@ def _split3(shape: Shape, axis: int) -> tuple[int, int, int]:
 def resolve_shape(op: str, src: Shape, shape: Sequence[int]) -> Shape:
     """`shape` with its one optional -1 inferred so the sizes match `src`."""
     shape = tuple(shape)
-    if any(not _is_int(d) or (d <= 0 and d != -1) for d in shape):
+    if any(not is_int(d) or (d <= 0 and d != -1) for d in shape):
         raise ShapeError(op, f"target shape {list(shape)} must hold positive ints and at most "
                          f"one -1 (input shape {list(src)})")
     if shape.count(-1) > 1:
@@ -88,7 +84,7 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
 
 def _check_perm(op: str, perm: Sequence[int], shape: Shape) -> tuple[int, ...]:
     perm = tuple(perm)
-    if not all(_is_int(p) for p in perm) or sorted(perm) != list(range(len(shape))):
+    if not all(is_int(p) for p in perm) or sorted(perm) != list(range(len(shape))):
         raise ShapeError(op, f"perm {list(perm)} must be a permutation of "
                          f"0..{len(shape) - 1} for a tensor of shape {list(shape)}")
     return perm
@@ -151,7 +147,7 @@ def split_heads(x: Tensor, heads: int) -> Tensor:
     if x.ndim < 2:
         raise ShapeError("split_heads", f"input must have rank >= 2 ([..., T, D]), got shape "
                          f"{list(x.shape)}")
-    if not _is_int(heads) or heads <= 0 or x.shape[-1] % heads:
+    if not is_int(heads) or heads <= 0 or x.shape[-1] % heads:
         raise ShapeError("split_heads", f"last dim {x.shape[-1]} of shape {list(x.shape)} is "
                          f"not divisible by heads={heads!r}")
     *lead, t, d = x.shape
@@ -171,7 +167,7 @@ def merge_heads(x: Tensor) -> Tensor:
 # ---- slicing ---------------------------------------------------------------------------
 
 def _check_range(op: str, shape: Shape, axis: int, start: int, end: int) -> None:
-    if not (_is_int(start) and _is_int(end) and 0 <= start < end <= shape[axis]):
+    if not (is_int(start) and is_int(end) and 0 <= start < end <= shape[axis]):
         raise ShapeError(op, f"range [{start}, {end}) is not a non-empty range inside axis "
                          f"{axis} of size {shape[axis]} (shape {list(shape)})")
 
@@ -275,7 +271,7 @@ def narrow(x: Tensor, axis: int, start: int, length: int) -> Tensor:
     if x.ndim == 0:
         raise ShapeError("narrow", "cannot narrow a 0-d tensor")
     axis = normalize_axis("narrow", axis, x.ndim)
-    if not (_is_int(start) and _is_int(length)) or start < 0 or length <= 0 or \
+    if not (is_int(start) and is_int(length)) or start < 0 or length <= 0 or \
             start + length > x.shape[axis]:
         raise ShapeError("narrow", f"start={start!r}, length={length!r} do not fit axis {axis} "
                          f"of size {x.shape[axis]} (shape {list(x.shape)}); need 0 <= start "
@@ -293,12 +289,12 @@ def split(x: Tensor, sizes: Sequence[int] | int, axis: int = 0) -> list[Tensor]:
         raise ShapeError("split", "cannot split a 0-d tensor")
     axis = normalize_axis("split", axis, x.ndim)
     dim = x.shape[axis]
-    if _is_int(sizes):
+    if is_int(sizes):
         if sizes <= 0:  # type: ignore[operator]
             raise ShapeError("split", f"split size must be a positive int, got {sizes}")
         sizes = [min(sizes, dim - s) for s in range(0, dim, sizes)]  # type: ignore[arg-type]
     sizes = list(sizes)  # type: ignore[arg-type]
-    if not sizes or any(not _is_int(s) or s <= 0 for s in sizes) or \
+    if not sizes or any(not is_int(s) or s <= 0 for s in sizes) or \
             sum(sizes) != dim:
         raise ShapeError("split", f"sizes {sizes} must be positive ints summing to {dim}, the "
                          f"size of axis {axis} of shape {list(x.shape)}")
