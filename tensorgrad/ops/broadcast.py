@@ -14,6 +14,7 @@ from ..errors import ShapeError
 from ..ir import Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, Stitch, define, record
+from .rules import is_int
 
 
 def _infer_broadcast_to(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
@@ -32,19 +33,20 @@ def _infer_sum_to_shape(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[
     return target, a.dtype
 
 
-def _reduced_axes(src: Shape, target: Shape) -> tuple[int, ...]:
+def reduced_axes(src: Shape, target: Shape) -> tuple[int, ...]:
+    """The axes of `src` that summing it down to `target` reduces (right-aligned)."""
     off = len(src) - len(target)
     return tuple(k for k in range(len(src)) if k < off or (target[k - off] == 1 and src[k] != 1))
 
 
 def _ref_sum_to_shape(args: Sequence[Any], node: Node) -> Any:
     (a,) = args
-    return a.sum(axis=_reduced_axes(a.shape, node.shape)).reshape(node.shape)
+    return a.sum(axis=reduced_axes(a.shape, node.shape)).reshape(node.shape)
 
 
 def _emit_sum_to_shape(ctx: EmitContext) -> Kernel:
     src = ctx.inputs[0].shape
-    red = _reduced_axes(src, ctx.node.shape)
+    red = reduced_axes(src, ctx.node.shape)
     kept = [k for k in range(len(src)) if k not in red]
     st = w.strides(src)
     length = prod(src[k] for k in red)
@@ -69,7 +71,7 @@ define("sum_to_shape", infer=_infer_sum_to_shape, ref=_ref_sum_to_shape,
 def _infer_sum_partials(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
     (a,) = inputs
     rows, parts = attrs["rows"], attrs["parts"]
-    ints = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (rows, parts))
+    ints = all(is_int(v) and v > 0 for v in (rows, parts))
     prefixes = {prod(a.shape[:k]) for k in range(len(a.shape) + 1)}
     if not ints or rows % parts or rows not in prefixes:
         raise ShapeError("sum_partials", f"rows={rows!r} must be the product of leading axes "

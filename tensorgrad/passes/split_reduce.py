@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from math import prod
 
 from ..ir import Graph, Node
+from ..ops.broadcast import reduced_axes
 
 MIN_ELEMENTS = 1 << 21   # summed values (8 MB): a [2048, 1024] bias gradient
 FILL_THREADS = 1 << 17   # first-stage threads that keep a large GPU busy
@@ -34,9 +35,7 @@ MIN_ROWS = 16            # rows per partial, at least
 def column_split(src: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, int, int] | None:
     """(rows R, columns N, parts P) when summing `src` down to `target` reduces a leading
     block of axes only and is worth splitting into P partial sums; None otherwise."""
-    off = len(src) - len(target)
-    reduced = [k for k in range(len(src))
-               if (k < off or target[k - off] == 1) and src[k] != 1]
+    reduced = [k for k in reduced_axes(src, target) if src[k] != 1]
     if not reduced:
         return None
     lead = max(reduced) + 1
