@@ -1,7 +1,9 @@
 #!/bin/bash
 # One device call: before (.base, the tree before the change measured) and after, same GPU.
 # Usage on the device machine: bash bench/h200.sh [parts...]
-#   parts: base base-gpt2 report matmul gpt2 profile (default: base report matmul, in order)
+#   parts: base base-gpt2 report matmul gpt2 profile (default: base report matmul, in order);
+#   a part ending in -unchecked (report-unchecked, matmul-unchecked, gpt2-unchecked) runs
+#   with TENSORGRAD_RUNTIME_CHECKS=0 (kernels without bounds checks), its files named so
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -12,20 +14,24 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi -L
 parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(base report matmul)
 for part in "${parts[@]}"; do
+  export TENSORGRAD_RUNTIME_CHECKS=1 TAG=""
   case $part in
-    report) timeout 300 python3 bench/report.py --steps 100 --json "$OUT/after.json" \
-              2>&1 | grep -v XDG | tee "$OUT/after.txt" ;;
+    *-unchecked) part=${part%-unchecked} TENSORGRAD_RUNTIME_CHECKS=0 TAG=_unchecked ;;
+  esac
+  case $part in
+    report) timeout 300 python3 bench/report.py --steps 100 --json "$OUT/after$TAG.json" \
+              2>&1 | grep -v XDG | tee "$OUT/after$TAG.txt" ;;
     base) (cd .base && timeout 150 python3 bench/report.py --steps 100 --no-torch \
               --json "$OUT/before.json" 2>&1 | grep -v XDG | tee "$OUT/before.txt") ;;
     base-gpt2) (cd .base && timeout 200 python3 bench/report.py --models gpt2 --no-torch \
               --steps 5 --warmup 2 --replays 1 --json "$OUT/before_gpt2.json" 2>&1 \
               | grep -v XDG | tee "$OUT/before_gpt2.txt") ;;
     gpt2) timeout 300 python3 bench/report.py --models gpt2 --steps 10 --warmup 2 \
-              --replays 1 --json "$OUT/gpt2.json" 2>&1 | grep -v XDG | tee "$OUT/gpt2.txt" ;;
+              --replays 1 --json "$OUT/gpt2$TAG.json" 2>&1 | grep -v XDG | tee "$OUT/gpt2$TAG.txt" ;;
     profile) timeout 240 python3 bench/report.py --models transformer,gpt,gpt2 --no-torch \
               --steps 10 --warmup 2 --replays 1 --json "$OUT/profile.json" 2>&1 \
               | grep -v XDG | tee "$OUT/profile.txt" ;;
     matmul) timeout 420 python3 bench/report.py --matmul ${MATMUL_ARGS:-} 2>&1 | grep -v XDG \
-              | tee "$OUT/matmul.txt" ;;
+              | tee "$OUT/matmul$TAG.txt" ;;
   esac
 done

@@ -6,6 +6,12 @@ else ``wgpu`` (falling back to ``wgpudawn`` when ``wgpu`` is not installed).
 
 Which Vulkan driver: see :mod:`tensorgrad.gpu.vulkan` (decided before the first adapter
 request of the process).
+
+Runtime checks: by default wgpu compiles every kernel with bounds checks on each array index
+and a counter on each loop. ``runtime_checks=False`` (or ``TENSORGRAD_RUNTIME_CHECKS=0``)
+compiles them without, through wgpu-native's trusted-module entry point. tensorgrad's kernels
+guard their own indices (the native kernel tests run both ways), so this changes no result;
+a kernel that did go out of bounds would read or write memory it does not own.
 """
 
 from __future__ import annotations
@@ -123,7 +129,8 @@ class NativeProgram:
 class NativeDevice:
     """A WebGPU device from wgpu-py (``wgpu`` or ``wgpudawn``). See :class:`GPUDevice`."""
 
-    def __init__(self, wgpu: ModuleType, adapter: Any, device: Any, driver_note: str = ""):
+    def __init__(self, wgpu: ModuleType, adapter: Any, device: Any, driver_note: str = "",
+                 runtime_checks: bool = True):
         self.wgpu = wgpu
         self.backend = wgpu.__name__
         self.adapter = adapter
@@ -131,6 +138,9 @@ class NativeDevice:
         self.queue = device.queue
         self._raw = _raw_pass_calls()
         self.driver_note = driver_note
+        self.runtime_checks = runtime_checks
+        self._create_module = (self._create_checked_module if runtime_checks
+                               else _trusted_module_maker(self.backend))
         info = dict(adapter.info)
         self.adapter_info = info
         lim = device.limits
@@ -147,7 +157,8 @@ class NativeDevice:
                  info.get("description")]
         name = " ".join(str(p) for p in parts if p)
         self.description = (f"{self.backend} {wgpu.__version__}: {name} "
-                            f"({info.get('backend_type', '?')}, {info.get('adapter_type', '?')})")
+                            f"({info.get('backend_type', '?')}, {info.get('adapter_type', '?')})"
+                            + ("" if runtime_checks else ", no runtime checks"))
         self.info = AdapterInfo(
             vendor=str(info.get("vendor") or ""), architecture=str(info.get("architecture") or ""),
             description=name, backend=str(info.get("backend_type") or ""),
@@ -276,7 +287,7 @@ class NativeDevice:
         """Compile `wgsl` into a compute pipeline; :class:`ShaderCompileError` on failure."""
         device = self.device
         try:
-            module = device.create_shader_module(label=label, code=wgsl)
+            module = self._create_module(device, wgsl, label)
         except Exception as err:  # GPUValidationError (wgpu / wgpudawn) or a panic message
             raise ShaderCompileError(label, wgsl, [_error_text(err)]) from err
         errors = self._compilation_errors(module)
@@ -289,6 +300,10 @@ class NativeDevice:
             raise ShaderCompileError(label, wgsl, [_error_text(err)]) from err
         self.counts["pipelines created"] += 1
         return NativeKernel(pipeline, label, wgsl)
+
+    @staticmethod
+    def _create_checked_module(device: Any, wgsl: str, label: str) -> Any:
+        return device.create_shader_module(label=label, code=wgsl)
 
     @staticmethod
     def _compilation_errors(module: Any) -> list[str]:
@@ -506,6 +521,45 @@ class NativeDevice:
         self.device.destroy()
 
 
+def _trusted_module_maker(backend: str) -> Any:
+    """A `(device, wgsl, label) -> GPUShaderModule` that compiles without runtime checks,
+    through wgpu-native's `wgpuDeviceCreateShaderModuleTrusted` (wgpu-py has no method for
+    it). ValueError where that entry point is not there (wgpudawn, another wgpu-py)."""
+    try:
+        if backend != "wgpu":
+            raise ImportError(backend)
+        from wgpu.backends.wgpu_native import _api
+
+        create = _api.libf.wgpuDeviceCreateShaderModuleTrusted
+        new_struct_p, string_view = _api.new_struct_p, _api.to_c_string_view
+        ffi, lib, module_type = _api.ffi, _api.lib, _api.GPUShaderModule
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"runtime_checks=False needs wgpu-native's trusted shader modules, "
+                         f"which the {backend!r} backend does not have ({err})") from err
+
+    def make(device: Any, wgsl: str, label: str) -> Any:
+        source = new_struct_p("WGPUShaderSourceWGSL *", code=string_view(wgsl))
+        source[0].chain.next = ffi.NULL
+        source[0].chain.sType = lib.WGPUSType_ShaderSourceWGSL
+        desc = new_struct_p("WGPUShaderModuleDescriptor *",
+                            nextInChain=ffi.cast("WGPUChainedStruct *", source),
+                            label=string_view(label))
+        handle = create(device._internal, desc, 0)  # WGPUShaderRuntimeChecks_None
+        if handle == ffi.NULL:
+            raise RuntimeError("shader module creation failed")
+        return module_type(label, handle, device)
+
+    return make
+
+
+def _runtime_checks_default() -> bool:
+    value = os.environ.get("TENSORGRAD_RUNTIME_CHECKS", "1").strip().lower()
+    if value not in ("0", "1", "false", "true", "off", "on", ""):
+        raise ValueError(f"TENSORGRAD_RUNTIME_CHECKS={value!r}: expected 1 (checks, the "
+                         f"default) or 0 (no bounds checks or loop counters in kernels)")
+    return value not in ("0", "false", "off")
+
+
 def _slice_key(buffer: Any) -> tuple[int, int, int | None]:
     handle, offset, size = split_slice(buffer)
     return id(handle), offset, size
@@ -603,12 +657,22 @@ async def probe_native(backend: str | None = None) -> WebGPUSupport:
                          f"{wgpu.__name__})")
 
 
-async def request_native_device(backend: str | None = None) -> NativeDevice:
+async def request_native_device(backend: str | None = None,
+                                runtime_checks: bool | None = None) -> NativeDevice:
     """A :class:`NativeDevice` at the adapter's limits (buffers capped at 2147483644 bytes).
 
     `backend` is ``"wgpu"`` or ``"wgpudawn"`` (default: ``TENSORGRAD_WGPU`` or ``wgpu``).
+    `runtime_checks` (default: ``TENSORGRAD_RUNTIME_CHECKS``, on): False compiles kernels
+    without bounds checks and loop counters (``wgpu`` only; see the module docstring).
     Raises RuntimeError, naming the driver setup, when no adapter or device can be made."""
+    if runtime_checks is None:
+        runtime_checks = _runtime_checks_default()
+    elif not isinstance(runtime_checks, bool):
+        raise TypeError(f"request_native_device: runtime_checks must be a bool or None, "
+                        f"got {runtime_checks!r}")
     wgpu = _import_backend(backend)
+    if not runtime_checks:
+        _trusted_module_maker(wgpu.__name__)  # fail before making a device
     note = configure_vulkan_driver(wgpu.__name__)
     try:
         adapter = await _pick_adapter(wgpu)
@@ -633,6 +697,6 @@ async def request_native_device(backend: str | None = None) -> NativeDevice:
     except Exception as err:
         raise RuntimeError(f"{wgpu.__name__}: request_device failed on {dict(adapter.info)} "
                            f"with limits {required}: {_error_text(err)}") from err
-    native = NativeDevice(wgpu, adapter, device, note)
+    native = NativeDevice(wgpu, adapter, device, note, runtime_checks)
     await native._probe_work_done()
     return native

@@ -345,3 +345,45 @@ def test_the_browser_adapter_checks_pass_natively(gpu_device: NativeDevice, name
     from tests.browser.adapter_checks import CHECKS
 
     run(CHECKS[name](gpu_device))
+
+
+def test_kernels_without_runtime_checks_compute_the_same(gpu_device: NativeDevice) -> None:
+    """A device whose kernels are compiled without bounds checks or loop counters trains
+    the MLP to the same bits, and its GPU-target kernels (tiled matmuls, row teams, with
+    prologues and epilogues) match the reference interpreter."""
+    from tensorgrad.gpu.native import request_native_device
+    from tests.kernel_check import check_graph_kernels
+    from tests.models import demo
+    from tests.native.test_fusion import train_losses
+    from tests.native.test_stitch import CASES, _stitched
+
+    unchecked = run(request_native_device(runtime_checks=False))
+    try:
+        assert gpu_device.runtime_checks and not unchecked.runtime_checks
+        assert unchecked.description.endswith(", no runtime checks")
+        mod = demo("mlp_sin")
+        checked_losses, _ = run(train_losses(gpu_device, mod, mod.MLP(), True, 6))
+        unchecked_losses, _ = run(train_losses(unchecked, mod, mod.MLP(), True, 6))
+        assert unchecked_losses == checked_losses
+        gpu_target = Target(limits=unchecked.limits, software=False)
+        for case in CASES:
+            b, graph = _stitched(case)
+            run(check_graph_kernels(unchecked, graph, b.values, target=gpu_target))
+    finally:
+        unchecked.destroy()
+
+
+def test_runtime_checks_off_is_refused_clearly_where_it_cannot_work(monkeypatch) -> None:
+    from tensorgrad.gpu import native
+
+    with pytest.raises(ValueError, match=r"runtime_checks=False needs wgpu-native's trusted "
+                                         r"shader modules, which the 'wgpudawn' backend"):
+        native._trusted_module_maker("wgpudawn")
+    with pytest.raises(TypeError, match=r"runtime_checks must be a bool or None, got 'no'"):
+        run(native.request_native_device(runtime_checks="no"))
+    monkeypatch.setenv("TENSORGRAD_RUNTIME_CHECKS", "maybe")
+    with pytest.raises(ValueError, match=r"TENSORGRAD_RUNTIME_CHECKS='maybe': expected 1"):
+        run(native.request_native_device())
+    for value, want in (("0", False), ("off", False), ("1", True), ("", True)):
+        monkeypatch.setenv("TENSORGRAD_RUNTIME_CHECKS", value)
+        assert native._runtime_checks_default() is want
