@@ -30,7 +30,9 @@ from tensorgrad.tensor import leaf, tracing
 @dataclass(frozen=True)
 class Shape:
     """out[batch, m, n] = A @ B with K = k; `ta` / `tb`: the operand is stored transposed
-    (as the backward rules store weights and activations)."""
+    (as the backward rules store weights and activations); `zeros_a` / `zeros_b`: a zero
+    triangle of the logical operand that the kernel skips (causal attention; its TFLOP/s
+    count the dense product's FLOP, as torch.matmul does the dense product)."""
 
     name: str
     m: int
@@ -39,6 +41,8 @@ class Shape:
     batch: int = 1
     ta: bool = False
     tb: bool = False
+    zeros_a: str | None = None
+    zeros_b: str | None = None
 
     @property
     def flop(self) -> int:
@@ -57,7 +61,7 @@ class Shape:
     @property
     def spec(self) -> MatmulSpec:
         return MatmulSpec(self.batch, self.m, self.k, self.n, self.ta, self.tb,
-                          b_batched=self.batch > 1)
+                          b_batched=self.batch > 1, zeros_a=self.zeros_a, zeros_b=self.zeros_b)
 
     def describe(self) -> str:
         a = "Aᵀ" if self.ta else "A"
@@ -92,7 +96,9 @@ def gpt2_shapes() -> list[Shape]:
             Shape("gpt2 dW up (K=BT)", d, r, 4 * d, ta=True),
             Shape("gpt2 dW up split-K 2", d, r // 2, 4 * d, ta=True, batch=2),
             Shape("gpt2 attn q@kᵀ", t, hd, t, batch=bh, tb=True),
-            Shape("gpt2 attn p@v", t, t, hd, batch=bh)]
+            Shape("gpt2 attn p@v", t, t, hd, batch=bh),
+            Shape("gpt2 attn p@v causal", t, t, hd, batch=bh, zeros_a="above"),
+            Shape("gpt2 attn pᵀ@dO causal", t, t, hd, batch=bh, ta=True, zeros_a="below")]
 
 
 def _kernel(device: Any, s: Shape, variant: str) -> tuple[Any, Any, str]:
@@ -102,6 +108,8 @@ def _kernel(device: Any, s: Shape, variant: str) -> tuple[Any, Any, str]:
         b = leaf("input", "b", s.b_shape)
         out = mm(a, b, s.ta, s.tb)
     graph = st.graph
+    graph[out.id].attrs.update({k: z for k, z in (("zeros_a", s.zeros_a),
+                                                  ("zeros_b", s.zeros_b)) if z})
     target = Target.for_device(device.limits, device.info)
     storage = target.limits.max_compute_workgroup_storage_size
     used = choose_variant(s.spec, not target.software, storage) if variant == "auto" \

@@ -14,7 +14,7 @@ from ..errors import ShapeError
 from ..ir import Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, Stitch, define, record
-from .rules import is_int
+from .rules import is_int, same_last_two
 
 
 def _infer_broadcast_to(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
@@ -59,7 +59,8 @@ def _emit_sum_to_shape(ctx: EmitContext) -> Kernel:
 define("broadcast_to", infer=_infer_broadcast_to,
        ref=lambda args, node: __import__("numpy").broadcast_to(args[0], node.shape).copy(),
        vjp=lambda ins, out, dy, attrs: [sum_to_shape(dy, ins[0].shape)],
-       expr=lambda node: "a0", doc="Repeat size-1 / missing leading axes up to `shape`.")
+       expr=lambda node: "a0", doc="Repeat size-1 / missing leading axes up to `shape`.",
+       zeros=same_last_two)
 define("sum_to_shape", infer=_infer_sum_to_shape, ref=_ref_sum_to_shape,
        vjp=lambda ins, out, dy, attrs: [broadcast_to(dy, ins[0].shape)],
        emit=_emit_sum_to_shape, doc="Sum the axes broadcasting added, down to `shape`.",

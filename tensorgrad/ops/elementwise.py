@@ -12,8 +12,14 @@ from ..errors import ShapeError
 from ..ir import DTYPES, Node, Shape
 from ..tensor import Tensor
 from .broadcast import broadcast_to, sum_to_shape
-from .registry import NO_GRAD, define, public, record
-from .rules import broadcast_shapes, check_dims, require_dtype, same_dtype
+from .registry import NO_GRAD, ZerosFn, define, public, record
+from .rules import (
+    broadcast_shapes,
+    check_dims,
+    is_finite_number,
+    require_dtype,
+    same_dtype,
+)
 
 TensorLike = Tensor | float | int
 
@@ -194,7 +200,9 @@ define("mul_scalar", infer=_scalar_infer("mul_scalar"),
        ref=lambda args, node: args[0] * node.attrs["scalar"],
        vjp=lambda ins, out, dy, at: [mul_scalar(dy, at["scalar"])],
        expr=lambda node: f"(a0 * {w.lit(node.attrs['scalar'], node.dtype)})",
-       doc="x * scalar")
+       doc="x * scalar",
+       zeros=lambda node, inputs, zeros: zeros[0] if is_finite_number(node.attrs["scalar"])
+       else None)
 
 
 def add_scalar(x: Tensor, s: float) -> Tensor:
@@ -308,9 +316,9 @@ def _unary_infer(op: str):
 
 
 def _unary(name: str, np_fn: Callable[[Any], Any], expr: str, vjp: Any, doc: str,
-           prelude: str = "") -> Callable[[Tensor], Tensor]:
+           prelude: str = "", zeros: ZerosFn | None = None) -> Callable[[Tensor], Tensor]:
     define(name, infer=_unary_infer(name), ref=lambda args, node: np_fn(args[0]), vjp=vjp,
-           expr=lambda node: expr, prelude=prelude, doc=doc)
+           expr=lambda node: expr, prelude=prelude, doc=doc, zeros=zeros)
 
     def fn(x: Tensor) -> Tensor:
         return record(name, [x])
@@ -329,7 +337,8 @@ log = _unary("log", lambda x: _np().log(x), "nan_if(log(a0), a0 < 0.0f)",
              lambda i, c, dy, at: [div(dy, i[0])], "Natural log", prelude=NAN_WGSL)
 exp = _unary("exp", lambda x: _np().exp(x), "exp(a0)",
              lambda i, c, dy, at: [mul(dy, c)], "e^x")
-neg = _unary("neg", lambda x: -x, "(-a0)", lambda i, c, dy, at: [neg(dy)], "-x")
+neg = _unary("neg", lambda x: -x, "(-a0)", lambda i, c, dy, at: [neg(dy)], "-x",
+             zeros=lambda node, inputs, zeros: zeros[0])
 abs = _unary("abs", lambda x: _np().abs(x), "abs(a0)",
              lambda i, c, dy, at: [where(less(i[0], 0.0), neg(dy), dy)],
              "|x| (gradient +1 at 0)")

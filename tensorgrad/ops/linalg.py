@@ -159,7 +159,9 @@ FORCE_VARIANT: str | None = None  # tests and benchmarks pin a variant here
 class MatmulSpec:
     """out[bt, m, n] = sum_k A[bt, m, k] * B[bt, k, n] over `batch` slices (rows of a rank-2-rhs
     matmul are flattened into m, batch 1). `ta`/`tb`: operand stored transposed;
-    `b_batched`: B has a batch axis (else it is shared)."""
+    `b_batched`: B has a batch axis (else it is shared); `zeros_a` / `zeros_b`: a triangle
+    of the logical operand that is exactly zero ("above": column > row, "below": column <
+    row; see passes/triangles.py), which the K loops skip."""
 
     batch: int
     m: int
@@ -168,10 +170,33 @@ class MatmulSpec:
     ta: bool = False
     tb: bool = False
     b_batched: bool = True
+    zeros_a: str | None = None
+    zeros_b: str | None = None
 
     @property
     def outputs(self) -> int:
         return self.batch * self.m * self.n
+
+    def k_band(self, row0: str, rows: int, col0: str, cols: int) -> tuple[str, str]:
+        """(first k, end k) as WGSL u32 expressions: the part of the contraction that can be
+        nonzero for outputs in rows row0.. row0 + rows - 1 and cols col0.. col0 + cols - 1
+        (all of K without zero triangles). Row and col starts are multiples of any K chunk
+        the tiled kernels stage, so their chunks stay aligned."""
+        starts, ends = [], []
+        if self.zeros_a == "above":      # A[m, k] = 0 for k > m
+            ends.append(f"{row0} + {w.u(rows)}")
+        elif self.zeros_a == "below":    # A[m, k] = 0 for k < m
+            starts.append(row0)
+        if self.zeros_b == "above":      # B[k, n] = 0 for n > k
+            starts.append(col0)
+        elif self.zeros_b == "below":    # B[k, n] = 0 for n < k
+            ends.append(f"{col0} + {w.u(cols)}")
+        start = starts[0] if len(starts) == 1 else \
+            f"max({starts[0]}, {starts[1]})" if starts else "0u"
+        end = w.u(self.k)
+        for e in ends:
+            end = f"min({e}, {end})"
+        return start, end
 
     def a_base(self, bt: str, row: str) -> tuple[str, str]:
         """(offset of A[bt, row, 0], step per k) as WGSL expressions."""
@@ -247,13 +272,14 @@ def _split_batch(spec: MatmulSpec, var: str, inner: int, name: str) -> str:
 def _emit_naive(ctx: EmitContext, s: MatmulSpec) -> Kernel:
     ab, ast = s.a_base("bt", "m")
     bb, bst = s.b_base("bt", "n")
+    k_start, k_end = s.k_band("m", 1, "n", 1)
     body = f"""  let n = i % {w.u(s.n)};
   let r = i / {w.u(s.n)};
 {_split_batch(s, "r", s.m, "m")}
   let ab = {ab};
   let bb = {bb};
   var acc = 0.0f;
-  for (var k = 0u; k < {w.u(s.k)}; k = k + 1u) {{
+  for (var k = {k_start}; k < {k_end}; k = k + 1u) {{
     acc = fma(in0[{_at("ab", ast, "k")}], in1[{_at("bb", bst, "k")}], acc);
   }}
   out[i] = acc;"""
@@ -263,13 +289,15 @@ def _emit_naive(ctx: EmitContext, s: MatmulSpec) -> Kernel:
 def _emit_reduce(ctx: EmitContext, s: MatmulSpec) -> Kernel:
     ab, ast = s.a_base("bt", "m")
     bb, bst = s.b_base("bt", "n")
+    k_start, k_end = s.k_band("m", 1, "n", 1)
+    first = "lid" if k_start == "0u" else f"{k_start} + lid"
     body = f"""  let n = g % {w.u(s.n)};
   let r = g / {w.u(s.n)};
 {_split_batch(s, "r", s.m, "m")}
   let ab = {ab};
   let bb = {bb};
   var part = 0.0f;
-  for (var k = lid; k < {w.u(s.k)}; k = k + {w.u(w.WG)}) {{
+  for (var k = {first}; k < {k_end}; k = k + {w.u(w.WG)}) {{
     part = fma(in0[{_at("ab", ast, "k")}], in1[{_at("bb", bst, "k")}], part);
   }}
   scratch[lid] = part;
@@ -330,7 +358,8 @@ def _emit_registers(ctx: EmitContext, s: MatmulSpec, bm: int, bn: int) -> Kernel
         base, bst = s.b_base("bt", col)
         lines.append(f"  let bb{c} = {base};")
     lines += [f"  var c{r}_{c} = 0.0f;" for r in range(bm) for c in range(bn)]
-    lines.append(f"  for (var k = 0u; k < {w.u(s.k)}; k = k + 1u) {{")
+    k_start, k_end = s.k_band("m0", bm, "n0", bn)
+    lines.append(f"  for (var k = {k_start}; k < {k_end}; k = k + 1u) {{")
     lines += [f"    let a{r} = in0[{_at(f'ab{r}', ast, 'k')}];" for r in range(bm)]
     lines += [f"    let b{c} = in1[{_at(f'bb{c}', bst, 'k')}];" for c in range(bn)]
     lines += [f"    c{r}_{c} = fma(a{r}, b{c}, c{r}_{c});" for r in range(bm) for c in range(bn)]
@@ -458,7 +487,8 @@ def _emit_tiled(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
         return lines
 
     multiply = _unrolled(t.tk, step)
-    lines.append(f"  for (var k0 = 0u; k0 < {w.u(s.k)}; k0 = k0 + {w.u(t.tk)}) {{")
+    k_start, k_end = s.k_band("gm0", t.tile_m, "gn0", t.tile_n)
+    lines.append(f"  for (var k0 = {k_start}; k0 < {k_end}; k0 = k0 + {w.u(t.tk)}) {{")
     lines += [f"    {x}" for x in load_a + load_b]
     lines += stores + ["    workgroupBarrier();"]
     lines += multiply + ["    workgroupBarrier();", "  }"]
@@ -497,7 +527,8 @@ def _emit_tiled_vec(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
         return lines
 
     multiply = _unrolled(t.tk, step)
-    lines.append(f"  for (var k0 = 0u; k0 < {w.u(s.k)}; k0 = k0 + {w.u(t.tk)}) {{")
+    k_start, k_end = s.k_band("gm0", t.tile_m, "gn0", t.tile_n)
+    lines.append(f"  for (var k0 = {k_start}; k0 < {k_end}; k0 = k0 + {w.u(t.tk)}) {{")
     lines += [f"    {x}" for x in load_a + load_b]
     lines += stores + ["    workgroupBarrier();"]
     lines += multiply + ["    workgroupBarrier();", "  }"]
@@ -545,7 +576,9 @@ def _emit(ctx: EmitContext) -> Kernel:
         batch = prod(a.shape[:-2])
     else:
         batch, m = 1, prod(ctx.node.shape[:-1])  # lhs leading dims flattened into rows
-    spec = MatmulSpec(batch, m, k, n, ta, tb, b_batched=batched)
+    spec = MatmulSpec(batch, m, k, n, ta, tb, b_batched=batched,
+                      zeros_a=ctx.node.attrs.get("zeros_a"),
+                      zeros_b=ctx.node.attrs.get("zeros_b"))
     storage = ctx.target.limits.max_compute_workgroup_storage_size
     return emit_matmul(ctx, spec, choose_variant(spec, not ctx.target.software, storage))
 

@@ -396,7 +396,7 @@ define("softmax_causal_last", infer=_infer_last("softmax_causal_last", keep=True
        ref=_ref_softmax_causal, vjp=_vjp_softmax_causal,
        emit=lambda ctx: _emit_softmax_rows(ctx, causal=True),
        doc="Softmax of row q over columns 0..q of a [..., T, T] tensor; later columns 0.",
-       stitch=ROW_STITCH)
+       stitch=ROW_STITCH, zeros=lambda node, inputs, zeros: "above")
 # Their backwards: one row kernel each (a sum over the row, then the write). They read dy
 # twice, and a few ops recomputed per read cost far less than storing and reloading dy: the
 # loss gradient of nll_loss (one-hot, scaled by the mean's 1/N) is 5 ops, computed in the
@@ -409,7 +409,7 @@ define("log_softmax_last_grad", infer=_infer_row_grad("log_softmax_last_grad"),
 define("softmax_causal_last_grad", infer=_infer_row_grad("softmax_causal_last_grad"),
        ref=_ref_softmax_causal_grad, vjp=GRAD_ERROR, emit=_emit_softmax_causal_grad,
        doc="The gradient of softmax_causal_last given its output and dy: (dy - Σdy·out)·out.",
-       stitch=ROW_GRAD_STITCH)
+       stitch=ROW_GRAD_STITCH, zeros=lambda node, inputs, zeros: zeros[0])
 
 
 def _on_last(op: str, x: Tensor, axis: int, prim: str) -> Tensor:
@@ -471,7 +471,8 @@ def _ref_where_causal(args: Sequence[Any], node: Node) -> Any:
 
 define("where_causal", infer=_infer_where_causal, ref=_ref_where_causal,
        vjp=lambda ins, out, dy, at: [where_causal(dy, 0.0)], emit=_emit_where_causal,
-       doc="x with entries whose column is past their row set to `fill` ([..., T, T]).")
+       doc="x with entries whose column is past their row set to `fill` ([..., T, T]).",
+       zeros=lambda node, inputs, zeros: "above" if node.attrs["fill"] == 0 else None)
 
 
 @public

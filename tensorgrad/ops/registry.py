@@ -31,6 +31,9 @@ ViewFn = Callable[[Node, Node], int | None]
 # read at the same, broadcast, index) and `ix`, the element's flat index (u32) in the node's
 # shape. Ops with an expr are elementwise and fusable.
 ExprFn = Callable[[Node], str]
+# zeros(node, inputs, zeros of the inputs) -> which triangle of the node's last two axes is
+# exactly zero ("above", "below") or None; see rules.TRIANGLES. Ops without one give None.
+ZerosFn = Callable[[Node, Sequence[Node], Sequence[str | None]], str | None]
 
 NO_GRAD = "no_grad"          # the op contributes no gradient (argmax, comparisons, ...)
 GRAD_ERROR = "grad_error"    # differentiating through it is an error (backward/optimizer ops)
@@ -71,6 +74,7 @@ class OpDef:
     view: ViewFn | None = None
     pack: bool = False
     stitch: Stitch | None = None
+    zeros: ZerosFn | None = None
 
 
 OPS: dict[str, OpDef] = {}
@@ -80,7 +84,7 @@ PUBLIC: dict[str, Callable[..., Any]] = {}
 def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
            emit: EmitFn | None = None, doc: str = "", expr: ExprFn | None = None,
            prelude: str = "", view: ViewFn | None = None, pack: bool = False,
-           stitch: Stitch | None = None) -> OpDef:
+           stitch: Stitch | None = None, zeros: ZerosFn | None = None) -> OpDef:
     """Add a primitive to the op table (each name once). An elementwise op gives `expr`
     instead of `emit`: its kernel is derived, and the fusion pass can inline it."""
     if name in OPS:
@@ -88,7 +92,7 @@ def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
     if emit is None and expr is not None:
         def emit(ctx: EmitContext) -> Kernel:
             return elementwise(ctx, expr(ctx.node), prelude=prelude)
-    op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude, view, pack, stitch)
+    op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude, view, pack, stitch, zeros)
     OPS[name] = op
     return op
 

@@ -60,6 +60,26 @@ def normalize_axis(op: str, axis: int, rank: int, extra: int = 0) -> int:
     return axis + n if axis < 0 else axis
 
 
+# Which triangle of a tensor's last two axes is known to hold exact zeros: "above" (column >
+# row, as a causal softmax leaves it), "below" (column < row) or None (not known). A matmul
+# whose operand has such a triangle skips that part of its contraction (passes/triangles.py).
+TRIANGLES = ("above", "below")
+
+
+def flip_triangle(triangle: str | None) -> str | None:
+    """The triangle of the transpose of the last two axes."""
+    return {"above": "below", "below": "above"}.get(triangle or "")
+
+
+def same_last_two(node: Node, inputs: Sequence[Node], zeros: Sequence[str | None]
+                  ) -> str | None:
+    """Zeros rule of a layout op that moves only leading axes (a reshape or broadcast that
+    keeps the last two axes as they are): input 0's triangle."""
+    (a,) = inputs[:1]
+    keeps = len(a.shape) >= 2 and len(node.shape) >= 2 and node.shape[-2:] == a.shape[-2:]
+    return zeros[0] if keeps else None
+
+
 def check_dims(op: str, shape: Sequence[int]) -> Shape:
     if any(not isinstance(d, int) or isinstance(d, bool) or d <= 0 for d in shape):
         raise ShapeError(op, f"dims must be positive ints, got {list(shape)}")

@@ -18,7 +18,7 @@ from ..errors import ShapeError
 from ..ir import Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, define, public, record
-from .rules import is_int, normalize_axis, same_dtype
+from .rules import flip_triangle, is_int, normalize_axis, same_dtype, same_last_two
 
 MAX_CONCAT_INPUTS = 7  # 7 inputs + 1 output = 8 storage buffers per kernel
 
@@ -66,7 +66,7 @@ define("reshape", infer=_infer_reshape,
        ref=lambda args, node: args[0].reshape(node.shape).copy(),
        vjp=lambda ins, out, dy, at: [reshape(dy, ins[0].shape)],
        emit=lambda ctx: w.thread_kernel(ctx, "  out[i] = in0[i];"),
-       view=lambda node, src: 0,
+       view=lambda node, src: 0, zeros=same_last_two,
        doc="Same elements in row-major order, new shape (a view of the input's buffer; a "
            "copy only where the result needs a buffer of its own).")
 
@@ -110,10 +110,21 @@ def _emit_permute(ctx: EmitContext) -> Kernel:
     return w.thread_kernel(ctx, f"  out[i] = in0[{index}];")
 
 
+def _permute_zeros(node: Node, inputs: Sequence[Node], zeros: Sequence[str | None]
+                   ) -> str | None:
+    """A permute that keeps the last two axes last keeps their triangle; one that swaps
+    them flips it."""
+    perm, rank = tuple(node.attrs["perm"]), len(node.shape)
+    if rank < 2 or sorted(perm[-2:]) != [rank - 2, rank - 1]:
+        return None
+    return zeros[0] if perm[-1] == rank - 1 else flip_triangle(zeros[0])
+
+
 define("permute", infer=_infer_permute,
        ref=lambda args, node: _np().transpose(args[0], node.attrs["perm"]).copy(),
        vjp=lambda ins, out, dy, at: [permute(dy, _inverse(at["perm"]))],
-       emit=_emit_permute, doc="Reorder axes: out axis k is input axis perm[k].")
+       emit=_emit_permute, doc="Reorder axes: out axis k is input axis perm[k].",
+       zeros=_permute_zeros)
 
 
 @public

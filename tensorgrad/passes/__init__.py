@@ -20,6 +20,7 @@ from .packs import separate_pack_members
 from .split_k import split_long_contractions
 from .split_reduce import split_column_sums
 from .stitch import stitch_kernels
+from .triangles import mark_zero_triangles
 
 Phase = Literal["after_autograd", "after_optimizer"]
 PassFn = Callable[[Graph, Iterable[int]], tuple[Graph, dict[int, int]]]
@@ -42,6 +43,8 @@ PASSES: list[Pass] = [
     Pass("split long contractions", "after_optimizer", split_long_contractions,
          option="parallel_gpu"),
     Pass("split column sums", "after_optimizer", split_column_sums, option="parallel_gpu"),
+    # After the splits (a split contraction is no longer triangular), before fusion.
+    Pass("mark zero triangles of matmul operands", "after_optimizer", mark_zero_triangles),
     Pass("fuse elementwise chains", "after_optimizer", fuse_elementwise, option="fuse"),
     Pass("stitch prologues and epilogues into kernels", "after_optimizer", stitch_kernels,
          option="fuse"),
@@ -50,4 +53,5 @@ PASSES: list[Pass] = [
 ]
 
 __all__ = ["PASSES", "Pass", "Phase", "eliminate_dead_code", "fuse_elementwise",
-           "separate_pack_members", "split_column_sums", "split_long_contractions", "stitch_kernels"]
+           "mark_zero_triangles", "separate_pack_members", "split_column_sums",
+           "split_long_contractions", "stitch_kernels"]

@@ -4,6 +4,8 @@ forced on awkward shapes, and larger cases where the default choice picks each v
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import tensorgrad as tg
@@ -78,3 +80,38 @@ def test_large_cpu_target_variants(gpu_device) -> None:
     check(gpu_device, Case("matmul", tg.matmul, [Arg((8, 700)), Arg((700, 50))]), target=target)
     check(gpu_device, Case("matmul", lambda a, b: mm(a, b, True, False),
                            [Arg((150_000, 4)), Arg((150_000, 3))], grad=False), target=target)
+
+
+def _causal_attention(q: tg.Tensor, k: tg.Tensor, v: tg.Tensor) -> tg.Tensor:
+    return tg.tanh(tg.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+# Causal attention, whose products read a zero triangle (p @ v and the four backward ones):
+# T = 40 leaves every tile ragged; T = 128, d = 64 is aligned for the 128x64 tiling.
+CAUSAL = [
+    Case("scaled_dot_product_attention", _causal_attention,
+         [Arg((2, 3, 40, 8)), Arg((2, 3, 40, 8)), Arg((2, 3, 40, 8))], name="causal-ragged"),
+    Case("scaled_dot_product_attention", _causal_attention,
+         [Arg((2, 1, 128, 64)), Arg((2, 1, 128, 64)), Arg((2, 1, 128, 64))],
+         name="causal-aligned"),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CAUSAL])
+def test_forced_variant_skips_zero_triangles(gpu_device, monkeypatch, variant: str,
+                                             case: Case) -> None:
+    """Each kernel variant's K loop over the band a zero triangle leaves (zeros_a / zeros_b,
+    every orientation) matches the reference, which multiplies the zeros."""
+    from tensorgrad.passes import mark_zero_triangles
+    from tests.harness import build
+    from tests.kernel_check import check_graph_kernels
+
+    monkeypatch.setattr(linalg, "FORCE_VARIANT", variant)
+    b = build(case)
+    graph, _ = mark_zero_triangles(b.graph, b.grads.values())
+    tags = sorted(f"{key}={n.attrs[key]}" for n in graph.nodes
+                  for key in ("zeros_a", "zeros_b") if key in n.attrs)
+    assert tags == ["zeros_a=above", "zeros_a=above", "zeros_a=below", "zeros_b=above"]
+    target = Target(limits=gpu_device.limits, software=False)
+    asyncio.run(check_graph_kernels(gpu_device, graph, b.values, target=target))
