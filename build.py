@@ -119,6 +119,15 @@ def install_test_deps() -> None:
     install_browser_deps()  # npm packages (the Pyodide core) and Chromium
 
 
+def pytest_arguments(argv: list[str]) -> list[str] | None:
+    """The pytest arguments of `build.py test ARGS...`: ARGS verbatim, options with values
+    such as `-p no:cacheprovider` included (argparse would reorder those). None when `argv`
+    is another command or asks for the test command's help."""
+    if argv[:1] != ["test"] or argv[1:2] in (["-h"], ["--help"]):
+        return None
+    return argv[1:]
+
+
 def cmd_test(args: argparse.Namespace) -> int:
     install_test_deps()
     return subprocess.call([sys.executable, "-m", "pytest", *args.pytest_args], cwd=ROOT)
@@ -500,10 +509,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("web", help="assemble dist/web/")
     p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)
     p.set_defaults(func=cmd_web)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pytest_args = pytest_arguments(argv)
+    if pytest_args is not None:  # everything after `test` goes to pytest: build.py test -k x
+        return cmd_test(argparse.Namespace(pytest_args=pytest_args))
     args, extra = parser.parse_known_args(argv)
-    if args.command == "test":  # everything else goes to pytest: build.py test -k adam -x
-        args.pytest_args = [*args.pytest_args, *extra]
-    elif extra:
+    if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.func(args)
 

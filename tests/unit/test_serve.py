@@ -1,5 +1,6 @@
 """`build.py serve` serves only files under its folder, on 127.0.0.1 only: '..' in any
-spelling, symlinks out of the tree and folder listings are 404s."""
+spelling, symlinks out of the tree and folder listings are 404s. `build.py test` hands its
+arguments to pytest as given."""
 
 from __future__ import annotations
 
@@ -67,3 +68,13 @@ def test_files_and_pages_inside_are_served(served) -> None:
     status, body = get(host, port, "/app/")
     assert status == 200 and b"app" in body
     assert get(host, port, "/raw/data.txt")[0] == 200  # files in a folder without a listing
+
+
+def test_build_test_passes_every_argument_to_pytest_in_order() -> None:
+    """`build.py test -p no:cacheprovider -k adam -x` hands pytest exactly that (argparse
+    alone moved `-p` after its value); other commands and `test --help` are not taken."""
+    args = ["-p", "no:cacheprovider", "tests/unit", "-k", "adam", "-x"]
+    assert build.pytest_arguments(["test", *args]) == args
+    assert build.pytest_arguments(["test"]) == []
+    assert build.pytest_arguments(["serve", "--port", "0"]) is None
+    assert build.pytest_arguments(["test", "--help"]) is None
