@@ -10,8 +10,9 @@ request of the process).
 Runtime checks: by default wgpu compiles every kernel with bounds checks on each array index
 and a counter on each loop. ``runtime_checks=False`` (or ``TENSORGRAD_RUNTIME_CHECKS=0``)
 compiles them without, through wgpu-native's trusted-module entry point. tensorgrad's kernels
-guard their own indices (the native kernel tests run both ways), so this changes no result;
-a kernel that did go out of bounds would read or write memory it does not own.
+guard their own indices (the native suite passes with TENSORGRAD_RUNTIME_CHECKS=0, and
+tests/native/test_adapter.py compares the two on every run), so this changes no result; a
+kernel that did go out of bounds would read or write memory it does not own.
 """
 
 from __future__ import annotations
