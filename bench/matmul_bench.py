@@ -112,7 +112,8 @@ def _kernel(device: Any, s: Shape, variant: str) -> tuple[Any, Any, str]:
                                                   ("zeros_b", s.zeros_b)) if z})
     target = Target.for_device(device.limits, device.info)
     storage = target.limits.max_compute_workgroup_storage_size
-    used = choose_variant(s.spec, not target.software, storage) if variant == "auto" \
+    used = choose_variant(s.spec, not target.software, storage,
+                          target.costly_compiles) if variant == "auto" \
         else variant
     saved = linalg.FORCE_VARIANT
     linalg.FORCE_VARIANT = used

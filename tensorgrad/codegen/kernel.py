@@ -18,12 +18,15 @@ MAX_GROUPS_X = 65_535
 @dataclass(frozen=True)
 class Kernel:
     """One compute shader for one node. Bindings: the node's inputs in order (read), then
-    the output (read_write). `threads` invocations are launched (0: nothing to dispatch)."""
+    the output (read_write). `threads` invocations are launched (0: nothing to dispatch).
+    `vector_inputs`: the input slots bound as `array<vec4<f32>>` (element 4 q + j of the
+    input is lane j of `in{slot}[q]`), which a stitched prologue must provide as such."""
 
     wgsl: str
     threads: int
     workgroup_size: int = 256
     label: str = ""
+    vector_inputs: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -34,11 +37,16 @@ class Target:
     # A CPU-emulated GPU (SwiftShader, lavapipe): shared-memory tiles with barriers are slow.
     software: bool = False
     features: frozenset[str] = frozenset()  # optional WebGPU features the device has
+    # Shader compiles dear enough that code written out for speed does not pay for itself
+    # (SwiftShader: 60-180 ms per matmul kernel, lavapipe 4-8 ms).
+    costly_compiles: bool = False
 
     @staticmethod
     def for_device(limits: DeviceLimits, info: AdapterInfo) -> Target:
         """The target of a device, from what it reports about itself."""
-        return Target(limits=limits, software=info.software, features=info.features)
+        swiftshader = "swiftshader" in f"{info.architecture} {info.description}".lower()
+        return Target(limits=limits, software=info.software, features=info.features,
+                      costly_compiles=info.software and swiftshader)
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,8 @@ def emit_node(graph: Graph, node: Node, target: Target, ops: Mapping[str, HasEmi
     if emit is None:
         raise NotImplementedError(f"op '{node.op}' has no WGSL emitter")
     kernel = emit(EmitContext(node, tuple(graph[i] for i in node.inputs), target))
-    return Kernel(kernel.wgsl, kernel.threads, kernel.workgroup_size, node.describe())
+    return Kernel(kernel.wgsl, kernel.threads, kernel.workgroup_size, node.describe(),
+                  kernel.vector_inputs)
 
 
 def emit_graph(graph: Graph, target: Target, ops: Mapping[str, HasEmitter],

@@ -140,13 +140,20 @@ def _emit_stitched(ctx: EmitContext, program: FusedProgram, core: int,
     functions: list[str] = []
     preludes: list[str] = []
     slots: dict[int, str] = {}
+    vectors = _vector_bindings(program, core, inner.vector_inputs)
     for s, ref in enumerate(cnode.inputs):
-        if ref < 0:
+        if ref < 0 and (s not in inner.vector_inputs or -ref - 1 in vectors):
             slots[s] = f"in{-ref - 1}["
             continue
         writer = _Writer(program, ops, lambda k: ctx.inputs[k].shape)
-        result = writer.value(ref, "i")
-        functions.append(_function(f"load_{s}", "i: u32", dtype_of(ref), writer, result))
+        if s in inner.vector_inputs:  # the core reads vec4 q: elements 4 q .. 4 q + 3
+            lanes = [writer.value(ref, writer.index(f"i + {j}u") if j else "i")
+                     for j in range(4)]
+            functions.append(_function(f"load_{s}", "q: u32", "f32", writer,
+                                       f"vec4<f32>({', '.join(lanes)})", vector=True))
+        else:
+            result = writer.value(ref, "i")
+            functions.append(_function(f"load_{s}", "i: u32", dtype_of(ref), writer, result))
         preludes += writer.preludes
         slots[s] = f"load_{s}("
     text = _rewrite_reads(text, slots)
@@ -158,13 +165,30 @@ def _emit_stitched(ctx: EmitContext, program: FusedProgram, core: int,
         preludes += writer.preludes
         text = _rewrite_writes(text, cnode.op)
     shared = [p for p in dict.fromkeys(preludes) if p not in text]
-    wgsl = "\n".join([w.bindings(ctx.inputs, ctx.node), *shared, *functions, text])
-    return Kernel(wgsl, inner.threads, inner.workgroup_size)
+    wgsl = "\n".join([w.bindings(ctx.inputs, ctx.node, vectors), *shared, *functions, text])
+    return Kernel(wgsl, inner.threads, inner.workgroup_size, vector_inputs=vectors)
 
 
-def _function(name: str, params: str, dtype: str, writer: _Writer, result: str) -> str:
+def _vector_bindings(program: FusedProgram, core: int, slots: frozenset[int]) -> frozenset[int]:
+    """The external inputs to bind as vec4 arrays: those the core reads as vec4s at `slots`
+    and that nothing else in the program reads (a scalar read needs a scalar binding; such
+    an input's vec4s are then gathered from scalars by its load function)."""
+    cnode = program.nodes[core]
+    candidates = {-cnode.inputs[s] - 1 for s in slots if cnode.inputs[s] < 0}
+    for k, node in enumerate(program.nodes):
+        for s, ref in enumerate(node.inputs):
+            if ref < 0 and not (k == core and s in slots):
+                candidates.discard(-ref - 1)
+    return frozenset(candidates)
+
+
+def _function(name: str, params: str, dtype: str, writer: _Writer, result: str,
+              vector: bool = False) -> str:
     body = "\n".join(writer.lines)
-    return f"fn {name}({params}) -> {w.wgsl_type(dtype)} {{\n{body}\n  return {result};\n}}"
+    if vector:  # `q` indexes vec4s: `i` is the first element's flat index
+        body = f"  let i = q * 4u;\n{body}"
+    kind = "vec4<f32>" if vector else w.wgsl_type(dtype)
+    return f"fn {name}({params}) -> {kind} {{\n{body}\n  return {result};\n}}"
 
 
 def _closing(text: str, start: int) -> int:

@@ -70,8 +70,18 @@ def broadcast_index(out_shape: Sequence[int], in_shape: Sequence[int], var: str 
     return " + ".join(terms) if terms else "0u"
 
 
-def bindings(inputs: Sequence[Node], out: Node) -> str:
-    lines = [f"@group(0) @binding({k}) var<storage, read> in{k}: array<{wgsl_type(n.dtype)}>;"
+def bindings(inputs: Sequence[Node], out: Node, vector_inputs: frozenset[int] = frozenset()
+             ) -> str:
+    """The binding declarations: `in{k}` (read) per input, then `out` (read_write); inputs
+    in `vector_inputs` (f32) are declared as arrays of vec4s."""
+    def element(k: int, n: Node) -> str:
+        if k not in vector_inputs:
+            return wgsl_type(n.dtype)
+        if n.dtype != "f32":
+            raise ValueError(f"only f32 inputs can be read as vec4s, input {k} is {n.dtype}")
+        return "vec4<f32>"
+
+    lines = [f"@group(0) @binding({k}) var<storage, read> in{k}: array<{element(k, n)}>;"
              for k, n in enumerate(inputs)]
     lines.append(f"@group(0) @binding({len(inputs)}) var<storage, read_write> out: "
                  f"array<{wgsl_type(out.dtype)}>;")
@@ -79,11 +89,12 @@ def bindings(inputs: Sequence[Node], out: Node) -> str:
 
 
 def thread_kernel(ctx: EmitContext, body: str, threads: int | None = None,
-                  prelude: str = "", size: int = WG) -> Kernel:
+                  prelude: str = "", size: int = WG,
+                  vector_inputs: frozenset[int] = frozenset()) -> Kernel:
     """One invocation per index `i` in [0, threads) (default: one per output element), in
-    workgroups of `size`."""
+    workgroups of `size`; `vector_inputs` as for :func:`bindings`."""
     n = ctx.node.size if threads is None else threads
-    wgsl = f"""{bindings(ctx.inputs, ctx.node)}
+    wgsl = f"""{bindings(ctx.inputs, ctx.node, vector_inputs)}
 {prelude}
 @compute @workgroup_size({size})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
@@ -92,7 +103,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
 {body}
 }}
 """
-    return Kernel(wgsl, n, size)
+    return Kernel(wgsl, n, size, vector_inputs=vector_inputs)
 
 
 def workgroup_kernel(ctx: EmitContext, body: str, groups: int, prelude: str = "",

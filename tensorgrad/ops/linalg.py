@@ -19,6 +19,8 @@ from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..ir import Node, Shape
 from ..tensor import Tensor
+from .linalg_cpu import REGISTER_BLOCKS, choose_register_block, emit_registers
+from .matmul_spec import MAX_PADDING, MatmulSpec, at, split_batch
 from .registry import Stitch, define, public, record
 from .rules import require_dtype
 
@@ -125,8 +127,8 @@ def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> 
 #   naive    one thread per output, serial K loop.
 #   reduce   one workgroup per output, 256 threads stride K, tree reduction (few outputs,
 #            long K: e.g. a small weight gradient contracting a big batch).
-#   blocked  register-blocked: a 16x16 thread grid per workgroup, each thread a 4x4 block of
-#            outputs (rows ty + 16 r, cols tx + 16 c); no shared memory, no barriers.
+#   regsBxC  (CPU rasterisers, ops/linalg_cpu.py) one invocation per BxC block of adjacent
+#            outputs, no shared memory, no barriers; `v`, `vk`: operands read as vec4s.
 #   tiledBxC shared-memory GEMM (:class:`Tiling`): a (16 B)x(16 C) output tile per
 #            workgroup, K chunks staged in workgroup memory, each thread a BxC block, 2
 #            barriers per chunk; no bounds checks when the tiles divide M, N and K.
@@ -149,78 +151,18 @@ def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> 
 REDUCE_MAX_OUTPUTS = 8_192
 REDUCE_MIN_K = 256
 FILL_WORKGROUPS = 128   # enough workgroups to keep a large GPU busy
-MAX_PADDING = 1.25      # most output area (with the tiles' padding) per real output
-CPU_WORKGROUP = 32      # invocations per workgroup of the register-blocked CPU kernel
-CPU_MIN_WORKGROUPS = 2
 FORCE_VARIANT: str | None = None  # tests and benchmarks pin a variant here
 
 
-@dataclass(frozen=True)
-class MatmulSpec:
-    """out[bt, m, n] = sum_k A[bt, m, k] * B[bt, k, n] over `batch` slices (rows of a rank-2-rhs
-    matmul are flattened into m, batch 1). `ta`/`tb`: operand stored transposed;
-    `b_batched`: B has a batch axis (else it is shared); `zeros_a` / `zeros_b`: a triangle
-    of the logical operand that is exactly zero ("above": column > row, "below": column <
-    row; see passes/triangles.py), which the K loops skip."""
-
-    batch: int
-    m: int
-    k: int
-    n: int
-    ta: bool = False
-    tb: bool = False
-    b_batched: bool = True
-    zeros_a: str | None = None
-    zeros_b: str | None = None
-
-    @property
-    def outputs(self) -> int:
-        return self.batch * self.m * self.n
-
-    def k_band(self, row0: str, rows: int, col0: str, cols: int) -> tuple[str, str]:
-        """(first k, end k) as WGSL u32 expressions: the part of the contraction that can be
-        nonzero for outputs in rows row0.. row0 + rows - 1 and cols col0.. col0 + cols - 1
-        (all of K without zero triangles). Row and col starts are multiples of any K chunk
-        the tiled kernels stage, so their chunks stay aligned."""
-        starts, ends = [], []
-        if self.zeros_a == "above":      # A[m, k] = 0 for k > m
-            ends.append(f"{row0} + {w.u(rows)}")
-        elif self.zeros_a == "below":    # A[m, k] = 0 for k < m
-            starts.append(row0)
-        if self.zeros_b == "above":      # B[k, n] = 0 for n > k
-            starts.append(col0)
-        elif self.zeros_b == "below":    # B[k, n] = 0 for n < k
-            ends.append(f"{col0} + {w.u(cols)}")
-        start = starts[0] if len(starts) == 1 else \
-            f"max({starts[0]}, {starts[1]})" if starts else "0u"
-        end = w.u(self.k)
-        for e in ends:
-            end = f"min({e}, {end})"
-        return start, end
-
-    def a_base(self, bt: str, row: str) -> tuple[str, str]:
-        """(offset of A[bt, row, 0], step per k) as WGSL expressions."""
-        off = f"{bt} * {w.u(self.m * self.k)} + " if self.batch > 1 else ""
-        if self.ta:
-            return f"{off}{row}", w.u(self.m)
-        return f"{off}{row} * {w.u(self.k)}", "1u"
-
-    def b_base(self, bt: str, col: str) -> tuple[str, str]:
-        """(offset of B[bt, 0, col], step per k) as WGSL expressions."""
-        off = f"{bt} * {w.u(self.k * self.n)} + " if self.batch > 1 and self.b_batched else ""
-        if self.tb:
-            return f"{off}{col} * {w.u(self.k)}", "1u"
-        return f"{off}{col}", w.u(self.n)
-
-
-def choose_variant(spec: MatmulSpec, prefer_tiled: bool, storage: int = 16_384) -> str:
+def choose_variant(spec: MatmulSpec, prefer_tiled: bool, storage: int = 16_384,
+                   costly_compiles: bool = False) -> str:
     """Kernel variant for a shape; `prefer_tiled` is False on CPU-emulated GPUs, where
     barriers are slow; `storage`: the device's workgroup memory in bytes (a tiling that
-    needs more is passed over)."""
+    needs more is passed over); `costly_compiles`: see Target (no unrolled K loop)."""
     if FORCE_VARIANT is not None:
         return FORCE_VARIANT
     if not prefer_tiled:
-        return _register_block(spec)
+        return choose_register_block(spec, along_k=not costly_compiles)
     if spec.outputs <= REDUCE_MAX_OUTPUTS and spec.k >= REDUCE_MIN_K:
         return "reduce"
     if spec.outputs < 1024:
@@ -239,48 +181,18 @@ def choose_variant(spec: MatmulSpec, prefer_tiled: bool, storage: int = 16_384) 
     return "tiled1"
 
 
-def _register_block(spec: MatmulSpec) -> str:
-    """CPU rasterisers: the largest register block that pads the output by at most
-    MAX_PADDING and leaves at least CPU_MIN_WORKGROUPS workgroups (cores to share); measured
-    on lavapipe and SwiftShader, 8 x 8 blocks run 2-6x faster than 16-apart 4 x 4 ones.
-    A K past lavapipe's loop budget takes the tiled kernel, whose K loop steps 16 at a time
-    (checked there up to K = 150,000)."""
-    if spec.k > w.SOFTWARE_SERIAL_MAX_LENGTH:
-        return "tiled1"
-    fitting = []
-    for name, (bm, bn) in REGISTER_BLOCKS.items():
-        blocks = spec.batch * -(-spec.m // bm) * -(-spec.n // bn)
-        if blocks * bm * bn <= MAX_PADDING * spec.outputs:
-            if blocks >= CPU_MIN_WORKGROUPS * CPU_WORKGROUP:
-                return name
-            fitting.append(name)
-    # too few blocks to share out: the largest that fits; no block fits (a row vector): naive
-    return fitting[0] if fitting else "naive"
-
-
-def _at(base: str, step: str, k: str) -> str:
-    return f"{base} + {k}" if step == "1u" else f"{base} + {k} * {step}"
-
-
-def _split_batch(spec: MatmulSpec, var: str, inner: int, name: str) -> str:
-    """WGSL lines splitting `var` into `name` (in [0, inner)) and the batch index `bt`."""
-    if spec.batch == 1:
-        return f"  let {name} = {var};\n  let bt = 0u;"
-    return f"  let {name} = {var} % {w.u(inner)};\n  let bt = {var} / {w.u(inner)};"
-
-
 def _emit_naive(ctx: EmitContext, s: MatmulSpec) -> Kernel:
     ab, ast = s.a_base("bt", "m")
     bb, bst = s.b_base("bt", "n")
     k_start, k_end = s.k_band("m", 1, "n", 1)
     body = f"""  let n = i % {w.u(s.n)};
   let r = i / {w.u(s.n)};
-{_split_batch(s, "r", s.m, "m")}
+{split_batch(s, "r", s.m, "m")}
   let ab = {ab};
   let bb = {bb};
   var acc = 0.0f;
   for (var k = {k_start}; k < {k_end}; k = k + 1u) {{
-    acc = fma(in0[{_at("ab", ast, "k")}], in1[{_at("bb", bst, "k")}], acc);
+    acc = fma(in0[{at("ab", ast, "k")}], in1[{at("bb", bst, "k")}], acc);
   }}
   out[i] = acc;"""
     return w.thread_kernel(ctx, body, s.outputs)
@@ -293,12 +205,12 @@ def _emit_reduce(ctx: EmitContext, s: MatmulSpec) -> Kernel:
     first = "lid" if k_start == "0u" else f"{k_start} + lid"
     body = f"""  let n = g % {w.u(s.n)};
   let r = g / {w.u(s.n)};
-{_split_batch(s, "r", s.m, "m")}
+{split_batch(s, "r", s.m, "m")}
   let ab = {ab};
   let bb = {bb};
   var part = 0.0f;
   for (var k = {first}; k < {k_end}; k = k + {w.u(w.WG)}) {{
-    part = fma(in0[{_at("ab", ast, "k")}], in1[{_at("bb", bst, "k")}], part);
+    part = fma(in0[{at("ab", ast, "k")}], in1[{at("bb", bst, "k")}], part);
   }}
   scratch[lid] = part;
   workgroupBarrier();
@@ -315,7 +227,7 @@ def _tile_header(s: MatmulSpec, tile_m: int, tile_n: int) -> tuple[str, int]:
     tiles_m, tiles_n = -(-s.m // tile_m), -(-s.n // tile_n)
     lines = f"""  let tn = g % {w.u(tiles_n)};
   let r = g / {w.u(tiles_n)};
-{_split_batch(s, "r", tiles_m, "tm")}
+{split_batch(s, "r", tiles_m, "tm")}
   let tx = lid % 16u;
   let ty = lid / 16u;
   let m0 = tm * {w.u(tile_m)} + ty;
@@ -339,49 +251,6 @@ def _block_store(s: MatmulSpec, bm: int, bn: int, checked: bool = True) -> str:
         if checked:
             lines.append("  }")
     return "\n".join(lines)
-
-
-def _emit_registers(ctx: EmitContext, s: MatmulSpec, bm: int, bn: int) -> Kernel:
-    """CPU rasterisers: one invocation per bm x bn block of adjacent outputs, no shared
-    memory. There every storage load costs about the same, whatever its pattern (a per-lane
-    load), so the kernel's cost is its (bm + bn) loads per bm * bn multiply-adds."""
-    blocks_m, blocks_n = -(-s.m // bm), -(-s.n // bn)
-    lines = [f"  let nb = i % {w.u(blocks_n)};", f"  let r = i / {w.u(blocks_n)};",
-             _split_batch(s, "r", blocks_m, "mb"),
-             f"  let m0 = mb * {w.u(bm)};", f"  let n0 = nb * {w.u(bn)};"]
-    for r in range(bm):
-        row = f"min(m0 + {w.u(r)}, {w.u(s.m - 1)})" if s.m % bm else f"(m0 + {w.u(r)})"
-        base, ast = s.a_base("bt", row)
-        lines.append(f"  let ab{r} = {base};")
-    for c in range(bn):
-        col = f"min(n0 + {w.u(c)}, {w.u(s.n - 1)})" if s.n % bn else f"(n0 + {w.u(c)})"
-        base, bst = s.b_base("bt", col)
-        lines.append(f"  let bb{c} = {base};")
-    lines += [f"  var c{r}_{c} = 0.0f;" for r in range(bm) for c in range(bn)]
-    k_start, k_end = s.k_band("m0", bm, "n0", bn)
-    lines.append(f"  for (var k = {k_start}; k < {k_end}; k = k + 1u) {{")
-    lines += [f"    let a{r} = in0[{_at(f'ab{r}', ast, 'k')}];" for r in range(bm)]
-    lines += [f"    let b{c} = in1[{_at(f'bb{c}', bst, 'k')}];" for c in range(bn)]
-    lines += [f"    c{r}_{c} = fma(a{r}, b{c}, c{r}_{c});" for r in range(bm) for c in range(bn)]
-    lines.append("  }")
-    off = f"bt * {w.u(s.m * s.n)} + " if s.batch > 1 else ""
-    for r in range(bm):
-        if s.m % bm:
-            lines.append(f"  if (m0 + {w.u(r)} < {w.u(s.m)}) {{")
-        for c in range(bn):
-            store = f"out[{off}(m0 + {w.u(r)}) * {w.u(s.n)} + n0 + {w.u(c)}] = c{r}_{c};"
-            lines.append(f"    if (n0 + {w.u(c)} < {w.u(s.n)}) {{ {store} }}" if s.n % bn
-                         else f"    {store}")
-        if s.m % bm:
-            lines.append("  }")
-    return w.thread_kernel(ctx, "\n".join(lines), s.batch * blocks_m * blocks_n,
-                           size=CPU_WORKGROUP)
-
-
-# name -> (bm, bn), in the order choose_variant tries them on CPU rasterisers. Larger blocks
-# gain little more: 8 x 16 ran 3% faster than 8 x 8 on lavapipe and 5% slower on SwiftShader,
-# whose shader compiler took 1.8x longer over the transformer's kernels (7.6 s vs 4.2 s).
-REGISTER_BLOCKS = {f"regs{a}x{b}": (a, b) for a, b in ((8, 8), (4, 8), (8, 4), (4, 4))}
 
 
 @dataclass(frozen=True)
@@ -446,12 +315,12 @@ def _tile_loads(s: MatmulSpec, t: Tiling, operand: str, aligned: bool
         base, step = base_fn("bt", row)
         pre.append(f"  let {operand}i{j} = {base};")
         if aligned:
-            loads.append(f"let {operand}v{j} = {inp}[{_at(f'{operand}i{j}', step, f'(k0 + {k})')}];")
+            loads.append(f"let {operand}v{j} = {inp}[{at(f'{operand}i{j}', step, f'(k0 + {k})')}];")
         else:
             pre.append(f"  let {operand}ok{j} = {o0} + {x} < {w.u(size)};")
             kk = f"min(k0 + {k}, {w.u(s.k - 1)})"
             loads.append(f"let {operand}v{j} = select(0.0f, "
-                         f"{inp}[{_at(f'{operand}i{j}', step, kk)}], "
+                         f"{inp}[{at(f'{operand}i{j}', step, kk)}], "
                          f"{operand}ok{j} && k0 + {k} < {w.u(s.k)});")
     return pre, loads
 
@@ -561,7 +430,7 @@ def emit_matmul(ctx: EmitContext, spec: MatmulSpec, variant: str) -> Kernel:
         t = TILINGS[variant]
         return (_emit_tiled_vec if t.vec else _emit_tiled)(ctx, spec, t)
     if variant in REGISTER_BLOCKS:
-        return _emit_registers(ctx, spec, *REGISTER_BLOCKS[variant])
+        return emit_registers(ctx, spec, REGISTER_BLOCKS[variant])
     raise ValueError(f"unknown matmul kernel variant {variant!r}")
 
 
@@ -580,7 +449,8 @@ def _emit(ctx: EmitContext) -> Kernel:
                       zeros_a=ctx.node.attrs.get("zeros_a"),
                       zeros_b=ctx.node.attrs.get("zeros_b"))
     storage = ctx.target.limits.max_compute_workgroup_storage_size
-    return emit_matmul(ctx, spec, choose_variant(spec, not ctx.target.software, storage))
+    return emit_matmul(ctx, spec, choose_variant(spec, not ctx.target.software, storage,
+                                                 ctx.target.costly_compiles))
 
 
 # Each operand element is read many times (once per output row or column tile), so a

@@ -63,15 +63,15 @@ def test_large_default_variants(gpu_device, case: Case, spec: MatmulSpec, want: 
 def test_large_cpu_target_variants(gpu_device) -> None:
     """A software target (CPU rasterisers): the largest register block that pads the output
     by at most MAX_PADDING and leaves at least two workgroups; naive for a row vector."""
-    assert choose_variant(MatmulSpec(1, 600, 200, 260), False) == "regs8x8"
-    assert choose_variant(MatmulSpec(1, 600, 200, 260, ta=True), False) == "regs8x8"
+    assert choose_variant(MatmulSpec(1, 600, 200, 260), False) == "regs8x8vk"
+    assert choose_variant(MatmulSpec(1, 600, 200, 260, ta=True), False) == "regs8x8vk"
     # 4 rows (or columns) pad 2x under 8-high (8-wide) blocks, not under 4-high (4-wide) ones
-    assert choose_variant(MatmulSpec(1, 4, 200, 600), False) == "regs4x8"
-    assert choose_variant(MatmulSpec(1, 600, 200, 4), False) == "regs8x4"
+    assert choose_variant(MatmulSpec(1, 4, 200, 600), False) == "regs4x8vk"
+    assert choose_variant(MatmulSpec(1, 600, 200, 4), False) == "regs8x4vk"
     # 16 blocks of 8 x 8 fill one workgroup only: 4 x 4 blocks fill two
-    assert choose_variant(MatmulSpec(1, 32, 64, 32), False) == "regs4x4"
+    assert choose_variant(MatmulSpec(1, 32, 64, 32), False) == "regs4x4vk"
     # attention-shaped batches: many small slices
-    assert choose_variant(MatmulSpec(512, 8, 16, 8), False) == "regs8x8"
+    assert choose_variant(MatmulSpec(512, 8, 16, 8), False) == "regs8x8vk"
     assert choose_variant(MatmulSpec(1, 1, 300, 1), False) == "naive"
     # a K past lavapipe's loop budget (65,535 iterations per invocation)
     assert choose_variant(MatmulSpec(1, 4, 40_000, 4, ta=True), False) == "tiled1"
@@ -115,3 +115,41 @@ def test_forced_variant_skips_zero_triangles(gpu_device, monkeypatch, variant: s
     assert tags == ["zeros_a=above", "zeros_a=above", "zeros_a=below", "zeros_b=above"]
     target = Target(limits=gpu_device.limits, software=False)
     asyncio.run(check_graph_kernels(gpu_device, graph, b.values, target=target))
+
+
+def _vector_slots(spec: MatmulSpec, variant: str) -> frozenset[int]:
+    from tensorgrad.codegen.kernel import EmitContext
+    from tensorgrad.ir import Node
+    from tensorgrad.ops.linalg import emit_matmul
+
+    a = Node(0, "input", (), {}, (spec.k, spec.m) if spec.ta else (spec.m, spec.k), "f32")
+    b = Node(1, "input", (), {}, (spec.n, spec.k) if spec.tb else (spec.k, spec.n), "f32")
+    out = Node(2, "matmul", (0, 1), {}, (spec.m, spec.n), "f32")
+    return emit_matmul(EmitContext(out, (a, b), Target(software=True)), spec, variant
+                       ).vector_inputs
+
+
+@pytest.mark.parametrize("variant", ["regs8x8vk", "regs4x4vk", "regs8x4vk", "regs8x8v"])
+@pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("m, k, n", [(24, 16, 32), (20, 12, 12), (16, 10, 8), (9, 8, 7)])
+def test_register_blocks_read_vec4s_where_aligned(gpu_device, monkeypatch, variant: str,
+                                                  ta: bool, tb: bool, m: int, k: int,
+                                                  n: int) -> None:
+    """The vec4-reading register blocks read an operand as vec4s along its stored contiguous
+    axis exactly where the variant and the sizes allow (`vk`: K for a row-major A or a
+    transposed B; `v` and `vk`: M or N, and the block, for the others), blocks overhanging M
+    and N included, and match the reference in every orientation."""
+    block = linalg.REGISTER_BLOCKS[variant]
+    spec = MatmulSpec(1, m, k, n, ta, tb)
+    along_k = block.along_k and k % 4 == 0
+    want = {0} if (m % 4 == 0 and block.bm % 4 == 0 if ta else along_k) else set()
+    want |= {1} if (along_k if tb else n % 4 == 0 and block.bn % 4 == 0) else set()
+    assert _vector_slots(spec, variant) == want
+    assert _vector_slots(spec, f"regs{block.bm}x{block.bn}") == frozenset()
+    monkeypatch.setattr(linalg, "FORCE_VARIANT", variant)
+    a_shape, b_shape = (k, m) if ta else (m, k), (n, k) if tb else (k, n)
+    check(gpu_device, Case("matmul", lambda a, b: mm(a, b, ta, tb),
+                           [Arg(a_shape), Arg(b_shape)], grad=False))
+    batched = Case("matmul_batched", lambda a, b: mm(a, b, ta, tb),
+                   [Arg((3, *a_shape)), Arg((3, *b_shape))], grad=False)
+    check(gpu_device, batched)

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 import tensorgrad as tg
-from tensorgrad.codegen.kernel import Target
-from tensorgrad.ops import linalg
+from tensorgrad.codegen.kernel import Target, emit_node
+from tensorgrad.ops import OPS, linalg
 from tensorgrad.ops.linalg import VARIANTS
 from tensorgrad.passes import fuse_elementwise, stitch_kernels
 from tests.harness import Arg, Case, build
@@ -59,6 +59,38 @@ def test_stitched_kernels_match_reference(gpu_device, case: Case) -> None:
     asyncio.run(check_graph_kernels(gpu_device, graph, b.values))
     asyncio.run(check_graph_kernels(gpu_device, graph, b.values,
                                     target=Target(limits=gpu_device.limits, software=False)))
+
+
+# Sizes the vec4-reading register blocks read as vec4s: a prologue on a vec4 operand, an
+# input the epilogue reads too (its vec4s are then
+# gathered from a scalar binding), permuted operands.
+VECTOR_CASES = [
+    Case("matmul", lambda x, w: tg.matmul(tg.tanh(x), tg.tanh(w)),
+         [Arg((32, 20)), Arg((20, 24))], name="tanh-prologues-vec4", grad=False),
+    Case("matmul", lambda x, w: tg.matmul(x, w) + w, [Arg((16, 16)), Arg((16, 16))],
+         name="input-read-twice"),
+    Case("matmul", lambda q, k: tg.matmul(tg.permute(q, (0, 2, 1, 3)),
+                                          tg.permute(k, (0, 2, 3, 1))) * 0.25,
+         [Arg((2, 8, 3, 4)), Arg((2, 8, 3, 4))], name="attention-permutes-vec4"),
+]
+
+
+@pytest.mark.parametrize("variant", ["regs8x8vk", "regs4x4vk", "regs8x8v"])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in VECTOR_CASES])
+def test_vec4_register_blocks_take_prologues_and_epilogues(gpu_device, monkeypatch,
+                                                          variant: str, case: Case) -> None:
+    """A stitched operand read as vec4s gets a load function returning vec4s (its prologue
+    at four elements); an input read only as vec4s stays bound as vec4s, one the epilogue
+    reads too is bound as scalars and its vec4s gathered by a load function."""
+    monkeypatch.setattr(linalg, "FORCE_VARIANT", variant)
+    b, graph = _stitched(case)
+    target = Target(limits=gpu_device.limits, software=True)
+    kernels = [emit_node(graph, n, target, OPS).wgsl for n in graph.nodes
+               if n.op == "fused" and "matmul" in {p.op[:6] for p in n.attrs["program"].nodes}]
+    assert any("-> vec4<f32>" in k for k in kernels), "no operand was loaded as vec4s"
+    if case.name == "input-read-twice":  # w: the vec4 operand B and an epilogue input
+        assert any("fn load_1(q: u32) -> vec4<f32>" in k for k in kernels)
+    asyncio.run(check_graph_kernels(gpu_device, graph, b.values, target=target))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -137,13 +137,27 @@ def test_reference_float64() -> None:
     (MatmulSpec(64, 16, 16, 16, tb=True), True, "tiled1"),
     (MatmulSpec(256, 64, 64, 64, tb=True), True, "tiled4"),   # attention heads: no 128 tiles
     (MatmulSpec(256, 64, 64, 32), True, "tiled2"),
-    (MatmulSpec(1, 1024, 1024, 1024), False, "regs8x8"),
-    (MatmulSpec(1, 8, 512, 512), False, "regs8x8"),
-    (MatmulSpec(1, 64, 16384, 64), False, "regs8x8"),
+    (MatmulSpec(1, 1024, 1024, 1024), False, "regs8x8vk"),
+    (MatmulSpec(1, 8, 512, 512), False, "regs8x8vk"),
+    (MatmulSpec(1, 64, 16384, 64), False, "regs8x8vk"),
     (MatmulSpec(1, 1, 512, 512), False, "naive"),      # a row: every block pads 4x or more
 ])
 def test_variant_choice(spec: MatmulSpec, tiled: bool, want: str) -> None:
     assert choose_variant(spec, tiled) == want
+
+
+def test_software_targets_with_costly_compiles_take_blocks_without_unrolled_k() -> None:
+    """SwiftShader (its shader compiles are dear) gets `v` blocks, lavapipe `vk` ones."""
+    from tensorgrad.codegen.kernel import Target
+    from tensorgrad.gpu.interface import AdapterInfo, DeviceLimits
+
+    spec = MatmulSpec(1, 1024, 64, 256)
+    assert choose_variant(spec, False, costly_compiles=True) == "regs8x8v"
+    swiftshader = AdapterInfo(vendor="google", architecture="swiftshader", software=True)
+    lavapipe = AdapterInfo(vendor="llvmpipe", description="Mesa 22.3.6", software=True)
+    assert Target.for_device(DeviceLimits(), swiftshader).costly_compiles
+    assert not Target.for_device(DeviceLimits(), lavapipe).costly_compiles
+    assert not Target.for_device(DeviceLimits(), AdapterInfo(vendor="nvidia")).costly_compiles
 
 
 def test_the_largest_tiling_needs_more_than_the_default_workgroup_memory() -> None:
