@@ -105,18 +105,24 @@ export function createProgram(state, steps, chunkSize) {
   return { chunks, error, checked: false, passes: steps.filter((s) => s[0] === "d").length };
 }
 
+// Consecutive dispatches share a compute pass, as in the native adapter (each dispatch is
+// its own usage scope, so WebGPU orders their memory accesses); a copy ends the pass. In
+// Chromium this took the addition transformer's encoding (138 dispatches) from 0.7 to 0.3 ms
+// a step.
 function encode(encoder, ops) {
+  let pass = null, pipeline = null;
   for (const op of ops) {
     if (op.pipeline) {
-      const pass = encoder.beginComputePass({ label: op.label });
-      pass.setPipeline(op.pipeline);
+      if (!pass) { pass = encoder.beginComputePass({ label: "tensorgrad step" }); pipeline = null; }
+      if (op.pipeline !== pipeline) { pass.setPipeline(op.pipeline); pipeline = op.pipeline; }
       pass.setBindGroup(0, op.bindGroup);
       pass.dispatchWorkgroups(op.x, op.y, op.z);
-      pass.end();
     } else {
+      if (pass) { pass.end(); pass = null; }
       encoder.copyBufferToBuffer(op.src, op.srcOffset, op.dst, op.dstOffset, op.size);
     }
   }
+  if (pass) pass.end();
 }
 
 function takeStaging(state, size) {
