@@ -211,10 +211,14 @@ async def _load(payload: dict[str, Any], session: Session) -> str | None:
 
 @handler("runScript")
 async def _run_script(payload: dict[str, Any], session: Session) -> Any:
-    """``tensorgrad.web.post(obj)`` inside main() streams ``{kind: "post", id, data}``."""
+    """``tensorgrad.web.post(obj)`` inside main() streams ``{kind: "post", id, data}``.
+
+    The source must define `main` itself: the namespace is shared (a demo's state outlives
+    its runs), and a `main` left there by an earlier script or exec is never run instead."""
+    earlier = session.namespace.get("main")
     await run_source(payload["source"], session.namespace, payload.get("filename"))
     main = session.namespace.get("main")
-    if not callable(main):
+    if not callable(main) or main is earlier:
         raise TypeError("runScript: the source must define `async def main()`")
     value = main()
     if inspect.isawaitable(value):

@@ -203,6 +203,19 @@ def test_run_script_without_main_fails(tg: Page) -> None:
     assert not reply["ok"] and "async def main()" in reply["error"]["message"]
 
 
+def test_run_script_never_runs_an_earlier_scripts_main(tg: Page) -> None:
+    """The namespace outlives a script, but a script without main fails: it does not run
+    the main an earlier script (or exec) left behind."""
+    first = tg.call("runScript", {"source": "RUNS = 0\nasync def main():\n"
+                                            "    global RUNS\n    RUNS += 1\n    return RUNS"})
+    assert first["ok"] and first["result"] == 1, first
+    reply = tg.call("runScript", {"source": "x = 2"})
+    assert not reply["ok"] and "async def main()" in reply["error"]["message"], reply
+    assert tg.call("exec", {"source": "RUNS"})["result"] == "1"
+    again = tg.call("runScript", {"source": "async def main():\n    return 'new'"})
+    assert again["ok"] and again["result"] == "new", again
+
+
 def test_load_runs_fetched_source(tg: Page, web_url: str) -> None:
     url = "data:text/plain,LOADED%20%3D%2021%0ALOADED%20*%202"
     assert tg.js("(url) => session.load(url)", url) == "42"
