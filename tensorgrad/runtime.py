@@ -142,6 +142,17 @@ class PipelineCache:
             k = self.kernels[wgsl] = self.device.create_kernel(wgsl, label)
         return k
 
+    def prepare(self, sources: Sequence[tuple[str, str]]) -> None:
+        """Compile every `(wgsl, label)` not cached yet in one `create_kernels` call (a
+        browser compiles them in parallel)."""
+        missing: dict[str, str] = {}
+        for wgsl, label in sources:
+            if wgsl not in self.kernels:
+                missing.setdefault(wgsl, label)  # the first dispatch's label, as get() gives
+        if missing:
+            made = self.device.create_kernels(list(missing.items()))
+            self.kernels.update(zip(missing, made))
+
 
 _pipeline_caches: dict[int, PipelineCache] = {}
 
@@ -300,6 +311,8 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
         owned.append(True)
     steps: list[Dispatch | Copy] = []
     try:
+        pipelines.prepare([(k.wgsl, dispatch_label(n)) for n, k in zip(graph.nodes, kernels)
+                           if k.threads > 0])
         for node, kernel in zip(graph.nodes, kernels):
             if kernel.threads <= 0:
                 continue

@@ -78,6 +78,32 @@ export function createKernel(state, wgsl, label) {
   return { pipeline, check };
 }
 
+// Many kernels at once: each pipeline is made with createComputePipelineAsync, so the
+// browser may compile them in parallel; resolves to [{pipeline, messages}] in order
+// (pipeline null and the compiler's messages where one failed).
+export async function createKernels(state, sources, labels) {
+  const device = state.device;
+  return Promise.all(sources.map(async (code, i) => {
+    const label = labels[i];
+    device.pushErrorScope("validation");
+    const module = device.createShaderModule({ code, label });
+    const made = device.createComputePipelineAsync({
+      layout: "auto", compute: { module, entryPoint: "main" }, label });
+    const scope = device.popErrorScope();
+    const [info, pipeline, err] = await Promise.allSettled([module.getCompilationInfo(), made,
+                                                            scope]);
+    const messages = [];
+    if (info.status === "fulfilled") {
+      for (const m of info.value.messages) {
+        if (m.type === "error") messages.push(`error at line ${m.lineNum}:${m.linePos}: ${m.message}`);
+      }
+    }
+    if (!messages.length && pipeline.status === "rejected") messages.push(String(pipeline.reason?.message ?? pipeline.reason));
+    if (!messages.length && err.status === "fulfilled" && err.value) messages.push(err.value.message);
+    return { pipeline: pipeline.status === "fulfilled" ? pipeline.value : null, messages };
+  }));
+}
+
 // steps: ["d", pipeline, [[buffer, offset, size], ...], x, y, z, label] (size 0: the rest of
 // the buffer) | ["c", src, srcOffset, dst, dstOffset, size]
 export function createProgram(state, steps, chunkSize) {

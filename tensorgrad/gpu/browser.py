@@ -42,8 +42,8 @@ _LIMITS = {
 
 
 
-_JS_FUNCTIONS = ("createBuffer", "writeBuffer", "createKernel", "createProgram", "execute",
-                 "readBuffers", "destroy", "lostReason")
+_JS_FUNCTIONS = ("createBuffer", "writeBuffer", "createKernel", "createKernels", "createProgram",
+                 "execute", "readBuffers", "destroy", "lostReason")
 _helper: Any = None
 
 
@@ -155,6 +155,27 @@ class BrowserDevice:
         else:
             self._unchecked.append((check, wgsl, label))
         return kernel
+
+    def create_kernels(self, sources: Sequence[tuple[str, str]]) -> list[BrowserKernel]:
+        """Compile every `(wgsl, label)` at once: the pipelines are made in parallel
+        (``createComputePipelineAsync``) and waited for together through JSPI; in Chromium on
+        SwiftShader (2 cores) the addition transformer's 49 kernels took 1.7-1.9 s instead of
+        2.4 s one by one. Raises ShaderCompileError for the first that fails. Without JSPI,
+        kernel by kernel (:meth:`create_kernel`)."""
+        from pyodide.ffi import can_run_sync, run_sync
+
+        if not can_run_sync():
+            return [self.create_kernel(wgsl, label) for wgsl, label in sources]
+        made = run_sync(self._call("createKernels", self._to_js([w for w, _ in sources]),
+                                   self._to_js([label for _, label in sources])))
+        self.ffi_calls += 1  # the wait
+        kernels = []
+        for (wgsl, label), got in zip(sources, made):
+            self.ffi_calls += 2  # the two attribute reads
+            _raise_if_errors(got.messages, wgsl, label)
+            kernels.append(BrowserKernel(got.pipeline, label))
+            self.counts["pipelines created"] += 1
+        return kernels
 
     async def check_kernels(self) -> None:
         """Raise ShaderCompileError for any kernel whose check was deferred."""

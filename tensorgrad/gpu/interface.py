@@ -135,6 +135,11 @@ class GPUDevice(Protocol):
         pipeline. Raises :class:`ShaderCompileError` on any validation failure."""
         ...
 
+    def create_kernels(self, sources: Sequence[tuple[str, str]]) -> list[KernelHandle]:
+        """:meth:`create_kernel` for each `(wgsl, label)`, in order; a device may compile
+        them in parallel. Raises :class:`ShaderCompileError` for the first that fails."""
+        ...
+
     def create_program(self, steps: Sequence[Dispatch | Copy], chunk_size: int) -> ProgramHandle:
         """Prepare an ordered list of dispatches and copies (bind groups made here, once).
 

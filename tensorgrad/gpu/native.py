@@ -302,6 +302,10 @@ class NativeDevice:
         self.counts["pipelines created"] += 1
         return NativeKernel(pipeline, label, wgsl)
 
+    def create_kernels(self, sources: Sequence[tuple[str, str]]) -> list[NativeKernel]:
+        """:meth:`create_kernel` for each `(wgsl, label)`, one after another."""
+        return [self.create_kernel(wgsl, label) for wgsl, label in sources]
+
     @staticmethod
     def _create_checked_module(device: Any, wgsl: str, label: str) -> Any:
         return device.create_shader_module(label=label, code=wgsl)

@@ -207,6 +207,34 @@ async def check_bad_wgsl(dev: Any) -> dict[str, Any]:
     raise AssertionError("invalid WGSL compiled without ShaderCompileError")
 
 
+async def check_kernel_batch(dev: Any) -> dict[str, Any]:
+    """create_kernels compiles a batch in order (each kernel runs as its WGSL says), and a
+    bad kernel in a batch raises ShaderCompileError naming that kernel, not its neighbours."""
+    n = 256
+    affines = [AFFINE_WGSL.replace("{M}", str(m)).replace("{C}", str(c)) for m, c in AFFINES]
+    kernels = dev.create_kernels([(w, f"affine{k}") for k, w in enumerate(affines)])
+    assert len(kernels) == len(AFFINES), kernels
+    x = dev.create_buffer(4 * n, "x")
+    expected = [0] * n
+    for kernel, (m, c) in zip(kernels, AFFINES):
+        program = dev.create_program([Dispatch(kernel, (x,), (n // 64, 1, 1), "affine")], 0)
+        (got,) = await dev.execute(program, [], [(x, 4 * n)])
+        expected = [(v * m + c) % 2**32 for v in expected]
+        assert got.cast("I").tolist() == expected, (m, c, got.cast("I").tolist()[:4])
+    dev.destroy_buffer(x)
+    try:
+        dev.create_kernels([(affines[0], "good_first"), (BAD_WGSL, "bad_in_batch"),
+                            (affines[1], "good_last")])
+        check = getattr(dev, "check_kernels", None)
+        if check is not None:
+            await check()
+    except ShaderCompileError as err:
+        assert err.label == "bad_in_batch" and err.wgsl == BAD_WGSL, err.label
+        assert "undefined_name" in "\n".join(err.messages), err.messages
+        return {"kernels": len(kernels), "messages": err.messages}
+    raise AssertionError("a batch with invalid WGSL compiled without ShaderCompileError")
+
+
 async def ffi_calls_per_step(dev: Any, dispatches: int, steps: int = 3,
                              chunk_size: int = 32) -> dict[str, Any]:
     """FFI calls (and ms) per execute of an affine program of `dispatches` dispatches."""
@@ -229,4 +257,5 @@ async def ffi_calls_per_step(dev: Any, dispatches: int, steps: int = 3,
 
 CHECKS = {"add": check_add, "slices": check_slices, "dispatch_2d": check_dispatch_2d,
           "chunking": check_chunking,
-          "copies_in_order": check_copies_in_order, "bad_wgsl": check_bad_wgsl}
+          "copies_in_order": check_copies_in_order, "bad_wgsl": check_bad_wgsl,
+          "kernel_batch": check_kernel_batch}
