@@ -207,7 +207,7 @@ class Mulberry32:
         """The next `n` uniforms: a float64 NumPy array, or a list without NumPy."""
         np = _numpy()
         if np is None:
-            return [self.random() for _ in range(n)]
+            return self._uniforms_list(n)
         k = np.arange(1, n + 1, dtype=np.uint32)
         with np.errstate(over="ignore"):  # uint32 arithmetic wraps mod 2**32, as in JS
             t = k * np.uint32(GOLDEN)
@@ -218,17 +218,27 @@ class Mulberry32:
         self.state = (self.state + n * GOLDEN) & MASK32
         return t.astype(np.float64) / 4294967296.0
 
+    def _uniforms_list(self, n: int) -> list[float]:
+        """:meth:`uniforms` in pure Python: :func:`_mix` written out in one loop (in Pyodide,
+        without NumPy, a function call per draw made this most of a compile's Python time)."""
+        out = [0.0] * n
+        t0 = self.state
+        for i in range(n):  # every value stays below 2**32 (the masks _mix needs no more)
+            t0 = (t0 + GOLDEN) & MASK32
+            t = ((t0 ^ (t0 >> 15)) * (t0 | 1)) & MASK32
+            t ^= (t + (t ^ (t >> 7)) * (t | 61)) & MASK32
+            out[i] = (t ^ (t >> 14)) / 4294967296.0
+        self.state = t0
+        return out
+
     def normals(self, n: int, std: float) -> array:
         """`n` Box–Muller samples times `std`, as f32 (two uniforms per sample)."""
         np = _numpy()
         u = self.uniforms(2 * n)
         if np is None:
-            out = array("f", bytes(4 * n))
-            for i in range(n):
-                u1 = max(U1_MIN, u[2 * i])
-                z = math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u[2 * i + 1])
-                out[i] = z * std
-            return out
+            sqrt, log, cos, two_pi = math.sqrt, math.log, math.cos, 2.0 * math.pi
+            return array("f", [sqrt(-2.0 * log(max(U1_MIN, u1))) * cos(two_pi * u2) * std
+                               for u1, u2 in zip(u[0::2], u[1::2])])
         u1 = np.maximum(U1_MIN, u[0::2])
         z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u[1::2])
         return array("f", (z * std).astype(np.float32).tobytes())

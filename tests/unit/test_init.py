@@ -60,6 +60,15 @@ def test_numpy_and_pure_paths_agree(monkeypatch):
         np.testing.assert_array_max_ulp(a, b, maxulp=1)
 
 
+def test_batched_uniforms_continue_the_one_at_a_time_stream(numpy_mode):
+    """uniforms(n) (a loop of its own without NumPy, vectorized with it) gives exactly the
+    draws random() gives, and leaves the generator where they leave it."""
+    one, many = init.Mulberry32(2024), init.Mulberry32(2024)
+    expected = [one.random() for _ in range(10_000)]
+    assert list(many.uniforms(10_000)) == expected
+    assert many.random() == one.random()
+
+
 def test_same_seed_same_values_different_seed_differs(numpy_mode):
     specs = [ParamSpec("w", (8, 16)), ParamSpec("v", (16,))]
     a, b = init.init_params(specs, 123), init.init_params(specs, 123)
