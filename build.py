@@ -340,7 +340,7 @@ def build_web(snapshot: bool = True) -> Path:
             f"<h1>tensorgrad {manifest['version']}</h1>\n<ul>\n{links}\n</ul>\n")
     if snapshot:
         inputs = [tmp / wheel.name, *(core / f for f in PYODIDE_CORE), tmp / "worker.mjs"]
-        entry = webbundle.make_snapshot(tmp, CACHE, inputs, CHROMIUM)
+        entry = webbundle.make_snapshot(tmp, CACHE, inputs, CHROMIUM, CHROMIUM_ARGS)
         if entry:
             manifest["snapshot"] = entry
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))

@@ -16,13 +16,16 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
+import http.server
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -176,8 +179,8 @@ _MAKE_SNAPSHOT = """() => new Promise((resolve, reject) => {
 })"""
 
 
-def make_snapshot(web: Path, cache_root: Path, inputs: list[Path], chromium: Path
-                  ) -> dict[str, Any] | None:
+def make_snapshot(web: Path, cache_root: Path, inputs: list[Path], chromium: Path,
+                  chromium_args: list[str]) -> dict[str, Any] | None:
     """Pyodide's memory after `import tensorgrad.web.worker`, made by the worker of the bundle
     in `web` in headless Chromium, gzipped into `web`; the manifest's entry {file, size,
     features, loadedPackages}, or None (with a note) where Playwright or Chromium is missing.
@@ -202,7 +205,8 @@ def make_snapshot(web: Path, cache_root: Path, inputs: list[Path], chromium: Pat
         cache.mkdir(parents=True, exist_ok=True)
         tmp = data_file.with_name(f".{data_file.name}.{os.getpid()}")
         try:
-            _run([sys.executable, str(Path(__file__).resolve()), "snapshot", str(web), str(tmp)])
+            _run([sys.executable, str(Path(__file__).resolve()), "snapshot", str(web), str(tmp),
+                  str(chromium), json.dumps(chromium_args)])
         except subprocess.CalledProcessError as exc:
             print(f"build.py: making the Pyodide snapshot failed ({exc}): the bundle gets none "
                   "(slower start-up)", flush=True)
@@ -218,20 +222,27 @@ def make_snapshot(web: Path, cache_root: Path, inputs: list[Path], chromium: Pat
     return {"file": name, **json.loads(meta_file.read_text())}
 
 
-def _snapshot_main(web: Path, out: Path) -> None:
-    """The child process: serve `web`, have Chromium's worker make the snapshot; write it to
-    `out` and its {size, features, loadedPackages} beside it (`out` with suffix .json)."""
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files for the snapshot's page, without a log line per request."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _snapshot_main(web: Path, out: Path, chromium: Path, chromium_args: list[str]) -> None:
+    """The child process: serve `web` on 127.0.0.1, have the worker in `chromium` make the
+    snapshot; write it to `out` and its {size, features, loadedPackages} beside it (`out`
+    with suffix .json)."""
     from playwright.sync_api import sync_playwright
 
-    import build  # (beside this file) its server and Chromium settings
-
-    server = build.serve_web(0, web, quiet=True)
+    handler = functools.partial(_QuietHandler, directory=str(web))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(build.CHROMIUM),
-                                         args=build.CHROMIUM_ARGS)
+            browser = pw.chromium.launch(executable_path=str(chromium), args=chromium_args)
             page = browser.new_page()
-            page.goto(build.server_url(server) + "index.html")
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
             got = page.evaluate(_MAKE_SNAPSHOT)
             browser.close()
     finally:
@@ -241,6 +252,8 @@ def _snapshot_main(web: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] != "snapshot":
-        raise SystemExit("usage: python webbundle.py snapshot WEB_DIR OUT_FILE")
-    _snapshot_main(Path(sys.argv[2]), Path(sys.argv[3]))
+    if len(sys.argv) != 6 or sys.argv[1] != "snapshot":
+        raise SystemExit("usage: python webbundle.py snapshot WEB_DIR OUT_FILE CHROMIUM "
+                         "CHROMIUM_ARGS_JSON")
+    _snapshot_main(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]),
+                   json.loads(sys.argv[5]))
