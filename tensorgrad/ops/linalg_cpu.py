@@ -14,10 +14,11 @@ bm + bn scalar loads per bm * bn multiply-adds. Variants (`regs{bm}x{bn}` and su
 
 Measured on lavapipe (2 cores; [1024, 64] @ [64, 256] and [1024, 256] @ [256, 64], 8 x 8
 blocks): 7.9 / 7.4 GFLOP/s scalar, 13.2 / 13.1 `v`, 15.5 / 17.1 `vk`; the addition
-transformer's step 149 -> 112 (`v`) -> 97 ms (`vk`) of GPU time. On SwiftShader in Chromium
-the same shapes ran 3.7 / 3.8 GFLOP/s scalar, 3.6 / 3.7 `v`, 4.3 / 4.4 `vk`, but `vk`
-doubled the shader compile time (65-90 -> 135-180 ms a kernel; the transformer's kernels
-2.7 -> 5.4 s): targets whose compiles are dear (:attr:`Target.costly_compiles`) take `v`.
+transformer 6.9 / 7.7 -> 10.0 / 9.1 steps/s with `vk` (alternating runs). On SwiftShader
+in Chromium the same shapes ran 3.7 / 3.8 GFLOP/s scalar, 3.6 / 3.7 `v`, 4.3 / 4.4 `vk`,
+but `vk` doubled the shader compile time (65-90 -> 135-180 ms a kernel; the transformer's
+kernels 2.7 -> 5.4 s): targets whose compiles are dear (:attr:`Target.costly_compiles`)
+take `v`.
 """
 
 from __future__ import annotations
