@@ -311,12 +311,10 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
         owned.append(True)
     steps: list[Dispatch | Copy] = []
     try:
-        pipelines.prepare([(k.wgsl, dispatch_label(n)) for n, k in zip(graph.nodes, kernels)
-                           if k.threads > 0])
-        for node, kernel in zip(graph.nodes, kernels):
-            if kernel.threads <= 0:
-                continue
-            label = dispatch_label(node)
+        dispatched = [(node, kernel, dispatch_label(node))
+                      for node, kernel in zip(graph.nodes, kernels) if kernel.threads > 0]
+        pipelines.prepare([(kernel.wgsl, label) for _, kernel, label in dispatched])
+        for node, kernel, label in dispatched:
             pipeline = pipelines.get(kernel.wgsl, label)
             binds = tuple(binding(buffers, plan, graph, i) for i in (*node.inputs, node.id))
             steps.append(Dispatch(pipeline, binds, dispatch_size(kernel.threads,

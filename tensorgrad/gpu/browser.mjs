@@ -57,6 +57,12 @@ export function writeBuffer(state, buffer, offset, data) {
   state.device.queue.writeBuffer(buffer, offset, data);
 }
 
+// The compiler's error messages of a shader module's compilation info.
+function compileErrors(info) {
+  return info.messages.filter((m) => m.type === "error")
+    .map((m) => `error at line ${m.lineNum}:${m.linePos}: ${m.message}`);
+}
+
 // A compute pipeline plus a promise of its error messages ([] when it compiled).
 export function createKernel(state, wgsl, label) {
   const device = state.device;
@@ -66,11 +72,7 @@ export function createKernel(state, wgsl, label) {
     layout: "auto", compute: { module, entryPoint: "main" }, label });
   const scope = device.popErrorScope();
   const check = (async () => {
-    const messages = [];
-    const info = await module.getCompilationInfo();
-    for (const m of info.messages) {
-      if (m.type === "error") messages.push(`error at line ${m.lineNum}:${m.linePos}: ${m.message}`);
-    }
+    const messages = compileErrors(await module.getCompilationInfo());
     const err = await scope;  // e.g. a pipeline the WGSL alone does not explain
     if (err && !messages.length) messages.push(err.message);
     return messages;
@@ -92,12 +94,7 @@ export async function createKernels(state, sources, labels) {
     const scope = device.popErrorScope();
     const [info, pipeline, err] = await Promise.allSettled([module.getCompilationInfo(), made,
                                                             scope]);
-    const messages = [];
-    if (info.status === "fulfilled") {
-      for (const m of info.value.messages) {
-        if (m.type === "error") messages.push(`error at line ${m.lineNum}:${m.linePos}: ${m.message}`);
-      }
-    }
+    const messages = info.status === "fulfilled" ? compileErrors(info.value) : [];
     if (!messages.length && pipeline.status === "rejected") messages.push(String(pipeline.reason?.message ?? pipeline.reason));
     if (!messages.length && err.status === "fulfilled" && err.value) messages.push(err.value.message);
     return { pipeline: pipeline.status === "fulfilled" ? pipeline.value : null, messages };
