@@ -15,6 +15,7 @@ from .errors import (
                      PlanError,
                      ProtocolError,
                      RemoteError,
+                     SafetensorsError,
                      ShaderCompileError,
                      ShapeError,
                      TraceError,
@@ -33,7 +34,7 @@ from .version import __version__ as __version__
 __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
     "AbortError", "Aborted", "Captures", "Completed", "Conv2d", "DeviceLimitError",
     "DeviceLostError", "Embedding", "Failed", "Forward", "LayerNorm", "Linear", "Module",
-    "PlanError", "ProtocolError", "RMSNorm", "RemoteError", "Result", "ShaderCompileError", "ShapeError",
+    "PlanError", "ProtocolError", "RMSNorm", "RemoteError", "Result", "SafetensorsError", "ShaderCompileError", "ShapeError",
     "Tensor", "TraceError", "Training", "WebGPUSupport", "check_webgpu", "compile",
     "compile_forward", "default_device", "export", "init",
     "load_safetensors", "lr", "ops", "optim", "save_safetensors", "single_flight", "trace",

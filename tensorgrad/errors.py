@@ -10,6 +10,8 @@ Across the worker boundary: :class:`ProtocolError` (a message the protocol table
 allow) and :class:`RemoteError`, raised on the page for an exception of the
 worker, which travels as its class name; :func:`remote_error` maps that name back to the class
 above (or the built-in) of that name, so ``except tg.ShapeError`` works on the page too.
+Checkpoints: :class:`SafetensorsError` (a malformed safetensors file, or a save that would
+write one).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["ERRORS", "AbortError", "DeviceLimitError", "DeviceLostError", "PlanError",
-           "ProtocolError", "RemoteError", "ShaderCompileError", "ShapeError", "TraceError", "error_class",
+           "ProtocolError", "RemoteError", "SafetensorsError", "ShaderCompileError", "ShapeError", "TraceError", "error_class",
            "remote_error", "user_call_site"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -109,6 +111,15 @@ class DeviceLostError(RuntimeError):
     on its graphs fails with this; start a new session (or device) to go on."""
 
 
+# ---- checkpoints ---------------------------------------------------------------------------
+
+class SafetensorsError(ValueError):
+    """A safetensors file that the format's rules refuse (see
+    :func:`tensorgrad.load_safetensors`), or a save that could not load back as given (a
+    name or metadata entry that is not a str). The message names the tensor, when there is
+    one, and the rule broken."""
+
+
 # ---- across the worker boundary ------------------------------------------------------------
 
 class ProtocolError(ValueError):
@@ -143,7 +154,7 @@ class RemoteError(Exception):
 
 ERRORS: dict[str, type[Exception]] = {cls.__name__: cls for cls in (
     ShapeError, DeviceLimitError, TraceError, ShaderCompileError, PlanError, AbortError,
-    DeviceLostError, ProtocolError, RemoteError)}
+    DeviceLostError, ProtocolError, RemoteError, SafetensorsError)}
 _REMOTE_CLASSES: dict[str, type[RemoteError]] = {}
 
 
