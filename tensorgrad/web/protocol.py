@@ -115,9 +115,9 @@ def _is_record(value: Any) -> bool:
 
 
 def _is_integer(value: Any) -> bool:
-    # A JS BigInt arrives as an int subclass that is a JsProxy: not an integer here (nor in JS).
-    return (isinstance(value, int) and not isinstance(value, bool) and not is_js(value)
-            and abs(value) <= SAFE_INTEGER)
+    # Exactly int: a bool is no integer, nor a JS BigInt (it arrives as pyodide's JsBigInt, an
+    # int subclass; the JS client refuses it too).
+    return type(value) is int and abs(value) <= SAFE_INTEGER
 
 
 def _is_number(value: Any) -> bool:
