@@ -324,3 +324,42 @@ def test_events_are_checked_too():
         check_event({"kind": "progress", "stage": "ready", "ms": 1, "timings": {"totalMs": "3"}})
     with pytest.raises(ProtocolError, match=r"^unknown event kind 'snapshot'"):
         check_event({"kind": "snapshot"})
+
+
+def _handler_reads() -> dict[str, list[tuple[str, Any]]]:
+    """{kind: [(field, default)]} of what each worker handler reads from its payload:
+    ``payload["f"]``, ``"f" in payload`` (default: the marker ...), ``payload.get("f", d)``
+    (default d, None without one)."""
+    tree = ast.parse((ROOT / "tensorgrad" / "web" / "worker.py").read_text())
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for fn in tree.body:
+        if not isinstance(fn, ast.AsyncFunctionDef):
+            continue
+        kinds = [d.args[0].value for d in fn.decorator_list if isinstance(d, ast.Call)
+                 and getattr(d.func, "id", "") == "handler"]
+        reads = out.setdefault(kinds[0], []) if kinds else None
+        if reads is None:
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "payload":
+                reads.append((node.slice.value, ...))
+            elif (isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In)
+                  and getattr(node.comparators[0], "id", "") == "payload"):
+                reads.append((node.left.value, ...))
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == "get" and getattr(node.func.value, "id", "") == "payload"):
+                default = ast.literal_eval(node.args[1]) if len(node.args) > 1 else None
+                reads.append((node.args[0].value, default))
+    return out
+
+
+def test_the_handlers_read_the_tables_fields_with_defaults_of_their_types():
+    reads = _handler_reads()
+    assert set(reads) == set(MESSAGES)
+    for kind, fields in reads.items():
+        types = MESSAGES[kind].types
+        for field, default in fields:
+            assert field in types, f"the {kind} handler reads {field!r}, not in the table"
+            if default is not None and default is not ...:
+                check_field(kind, field, types[field], default)
+    assert ("partial", False) in reads["uploadParams"] and ("params", True) in reads["reset"]
