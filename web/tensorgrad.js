@@ -44,7 +44,8 @@ const TYPED_ARRAYS = ["Float32Array", "Float64Array", "Int8Array", "Int16Array",
 const isRecord = (v) => v !== null && typeof v === "object" && !Array.isArray(v) &&
   [Object.prototype, null].includes(Object.getPrototypeOf(v));
 const isInteger = (v) => Number.isSafeInteger(v);
-const isShape = (v) => isInteger(v) || (Array.isArray(v) && v.every((d) => isInteger(d) || d === null));
+// A free dim is null (undefined too: Python's None arrives so through the Python page client).
+const isShape = (v) => isInteger(v) || (Array.isArray(v) && v.every((d) => isInteger(d) || d == null));
 const isTypedArray = (v) => ArrayBuffer.isView(v) && TYPED_ARRAYS.includes(v.constructor?.name);
 
 export const FIELD_CHECKS = {

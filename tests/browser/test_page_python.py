@@ -309,6 +309,31 @@ def test_attach_run_params_and_destroy(page_python: PythonPage,
     assert out["aborted"] == ["Aborted", "Aborted"], out
 
 
+def test_the_python_client_refuses_mistyped_fields_before_sending(
+        page_python: PythonPage, started: dict[str, Any]) -> None:
+    out = page_python.py(MISTYPED)
+    errors = out["errors"]
+    idm = "field 'graphId' must be an integer id, got"
+    assert errors == {
+        "reset params": "reset: field 'params' must be a bool, got str 'false'",
+        "reset optimizer": "reset: field 'optimizer' must be a bool, got int 1",
+        "partial": "uploadParams: field 'partial' must be a bool, got str 'no'",
+        "f64 param": ("uploadParams: field 'params' must be a record {name: Float32Array}, "
+                      "got JS Float64Array(1) for 'l2.b'"),
+        "nan id": f"destroy: {idm} float nan",
+        "inf id": f"reset: {idm} float inf",
+        "half id": errors["half id"],
+        "str id": errors["str id"],
+        "nan lr": ("setLR: field 'lr' must be a learning rate: a number, a schedule {kind, ...} "
+                   "or a Python expression, got float nan"),
+        "seed": "compile: field 'seed' must be an integer, got float 1.5",
+    }, errors
+    assert re.fullmatch(rf"downloadParams: {idm} float \d+\.5", errors["half id"]), errors
+    assert re.fullmatch(rf"destroy: {idm} str '\d+'", errors["str id"]), errors
+    assert out["posted"] == 0, "a mistyped message reached the worker"
+    assert out["same"] and out["step"] == "completed", out
+
+
 def test_check_webgpu_from_python_on_the_page(page_python: PythonPage,
                                              started: dict[str, Any]) -> None:
     out = page_python.py("""
@@ -342,27 +367,3 @@ def test_start_outside_a_browser_is_a_clear_error() -> None:
             pytest.raises(RuntimeError, match="Pyodide on a web page"):
         pool.submit(asyncio.run, tensorgrad.web.start()).result()
 
-
-def test_the_python_client_refuses_mistyped_fields_before_sending(
-        page_python: PythonPage, started: dict[str, Any]) -> None:
-    out = page_python.py(MISTYPED)
-    errors = out["errors"]
-    idm = "field 'graphId' must be an integer id, got"
-    assert errors == {
-        "reset params": "reset: field 'params' must be a bool, got str 'false'",
-        "reset optimizer": "reset: field 'optimizer' must be a bool, got int 1",
-        "partial": "uploadParams: field 'partial' must be a bool, got str 'no'",
-        "f64 param": ("uploadParams: field 'params' must be a record {name: Float32Array}, "
-                      "got JS Float64Array(1) for 'l2.b'"),
-        "nan id": f"destroy: {idm} float nan",
-        "inf id": f"reset: {idm} float inf",
-        "half id": errors["half id"],
-        "str id": errors["str id"],
-        "nan lr": ("setLR: field 'lr' must be a learning rate: a number, a schedule {kind, ...} "
-                   "or a Python expression, got float nan"),
-        "seed": "compile: field 'seed' must be an integer, got float 1.5",
-    }, errors
-    assert re.fullmatch(rf"downloadParams: {idm} float \d+\.5", errors["half id"]), errors
-    assert re.fullmatch(rf"destroy: {idm} str '\d+'", errors["str id"]), errors
-    assert out["posted"] == 0, "a mistyped message reached the worker"
-    assert out["same"] and out["step"] == "completed", out

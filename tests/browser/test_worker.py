@@ -504,7 +504,7 @@ SAMPLES = [
     "true", "false", "0", "1", "-0", "7", "1.5", "NaN", "Infinity", "-Infinity", "2 ** 53",
     "2 ** 53 - 1", "-(2 ** 53 - 1)", "10n", "'1'", "'false'", "''", "[]", "[1, 2]", "[1, null]",
     "[1.5]", "[true]", "['2']", "[[2], 'i32']", "[3, 'i32']", "[[2, null], 'f32']", "[[2], 3]",
-    "{}", "{ shape: [2] }", "{ shape: [2], dtype: 'i32' }", "{ shape: [2], other: 1 }",
+    "[undefined, 2]", "{}", "{ shape: [2] }", "{ shape: [2], dtype: 'i32' }", "{ shape: [2], other: 1 }",
     "{ shape: 'x' }", "{ kind: 'adam', lr: 0.1 }", "{ lr: 0.1 }", "{ kind: 3 }",
     "new Float32Array(2)", "new Float64Array(2)", "new Int8Array(1)", "new Int16Array(1)",
     "new Int32Array(2)", "new Uint8Array(2)", "new Uint8ClampedArray(2)", "new Uint16Array(1)",
