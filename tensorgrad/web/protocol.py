@@ -20,7 +20,8 @@ array a list, a typed array a memoryview of its element format, null and undefin
 
     any           any value
     bool          a bool: true or false (never "false", 0 or 1)
-    id            an integer id: a safe integer (|n| < 2**53; never NaN, Infinity, 1.5, true, "1")
+    id            an integer id: a safe integer, |n| < 2**53 (never NaN, Infinity, 1.5, true,
+                  "1" or a BigInt; in Python exactly an int, so not 1.0 either)
     integer       an integer, as above
     number        a finite number (never NaN or Infinity, never a bool)
     string        a string
@@ -39,7 +40,10 @@ array a list, a typed array a memoryview of its element format, null and undefin
     optimizer     plain data {kind: "adam" | "adamw" | "sgd", lr, ...} or an expression
     lr            a number, a schedule as plain data {kind: "linear", ...} or an expression
 
-A record is an object with string keys (in JS a plain object; in Python a mapping). A payload
+A record is an object with string keys (in JS a plain object; in Python a mapping). The JS
+client is stricter than the worker only where a JS value reaches Python looking like a valid
+one: an ArrayBuffer or DataView (bytes, as a Uint8Array) and a Map (a dict). A message Pyodide
+cannot convert (a Float16Array in it) is answered with a ProtocolError too. A payload
 field that is null or undefined counts as absent: a required one is missing, an optional one
 takes its default. A field of the wrong type is a :class:`~tensorgrad.errors.ProtocolError`
 naming the kind, the field, what was expected and what came, e.g. ``reset: field 'params' must
