@@ -123,8 +123,10 @@ class SafetensorsError(ValueError):
 # ---- across the worker boundary ------------------------------------------------------------
 
 class ProtocolError(ValueError):
-    """A worker message its protocol table does not allow: an unknown kind, or a payload that
-    is not an object with the table's fields (see :mod:`tensorgrad.web.protocol`)."""
+    """A worker message its protocol table does not allow: an unknown kind, a payload that is
+    not an object with the table's fields, or a field of the wrong type; the message names the
+    kind, the field, the type expected and the value that came (see
+    :mod:`tensorgrad.web.protocol`)."""
 
 
 class RemoteError(Exception):

@@ -11,7 +11,12 @@
 // Requests reject with an Error carrying the Python `name`, `message` and `traceback`;
 // step() and run() never reject: failures resolve to {kind: "failed", error}. Every request
 // is checked against the worker's protocol table (tensorgrad/web/protocol.py, sent with the
-// "ready" message) before it is posted: an unknown kind or field rejects with a ProtocolError.
+// "ready" message) before it is posted: an unknown kind or field, or a field of the wrong type,
+// rejects with an Error named "ProtocolError" (`reset: field 'params' must be a bool, got
+// string 'false'`) and nothing is sent (nor transferred). The field types, as the methods
+// below name them: bool (true or false, never "false" or 0), integer (a safe integer: never
+// NaN, Infinity, 1.5 or "1"), number (finite), string, Python source or expression (strings),
+// typed array (Float32Array, Int32Array, ...), record {name: ...} (a plain object).
 
 const DEFAULT_WORKER = new URL("./worker.mjs", import.meta.url);
 
@@ -30,6 +35,77 @@ function remoteError(error) {
   err.name = error?.name ?? "Error";
   err.traceback = error?.traceback ?? "";
   return err;
+}
+
+// The protocol's field types (tensorgrad/web/protocol.py, TYPES): the primitive ones are
+// checked here by name; records and unions come with the table ({record: type} | {anyOf}).
+const TYPED_ARRAYS = ["Float32Array", "Float64Array", "Int8Array", "Int16Array", "Int32Array",
+                      "Uint8Array", "Uint16Array", "Uint32Array", "Uint8ClampedArray"];
+const isRecord = (v) => v !== null && typeof v === "object" && !Array.isArray(v) &&
+  [Object.prototype, null].includes(Object.getPrototypeOf(v));
+const isInteger = (v) => Number.isSafeInteger(v);
+// A free dim is null (undefined too: Python's None arrives so through the Python page client).
+const isShape = (v) => isInteger(v) || (Array.isArray(v) && v.every((d) => isInteger(d) || d == null));
+const isTypedArray = (v) => ArrayBuffer.isView(v) && TYPED_ARRAYS.includes(v.constructor?.name);
+
+export const FIELD_CHECKS = {
+  any: () => true,
+  bool: (v) => typeof v === "boolean",
+  id: isInteger,
+  integer: isInteger,
+  number: (v) => typeof v === "number" && Number.isFinite(v),
+  string: (v) => typeof v === "string",
+  source: (v) => typeof v === "string",
+  expression: (v) => typeof v === "string",
+  typedArray: isTypedArray,
+  float32Array: (v) => v instanceof Float32Array,
+  inputDecl: (v) => {
+    if (isRecord(v)) {
+      return "shape" in v && Object.keys(v).every((k) => k === "shape" || k === "dtype") &&
+        isShape(v.shape) && (v.dtype == null || typeof v.dtype === "string");
+    }
+    if (Array.isArray(v) && v.length === 2 && typeof v[1] === "string") return isShape(v[0]);
+    return isShape(v);
+  },
+  plainData: (v) => isRecord(v) && typeof v.kind === "string",
+};
+
+// A value's type and a short repr, for messages: string 'false', number NaN, Float64Array(3).
+function describe(value) {
+  if (value === null || value === undefined) return String(value);
+  if (ArrayBuffer.isView(value)) return `${value.constructor.name}(${value.length ?? value.byteLength})`;
+  const short = (text) => (text.length > 40 ? text.slice(0, 37) + "..." : text);
+  switch (typeof value) {
+    case "string": return `string '${short(value)}'`;
+    case "number": case "boolean": case "bigint": return `${typeof value} ${value}`;
+    case "function": return "function";
+    case "symbol": return "symbol";
+  }
+  const name = Array.isArray(value) ? "array" : isRecord(value) ? "object"
+    : (value.constructor?.name ?? "object");
+  let text;
+  try { text = JSON.stringify(value); } catch { text = undefined; }
+  return text === undefined ? name : `${name} ${short(text)}`;
+}
+
+// null when `value` has the field type `name`, else what came ("got string 'false'", or
+// "got ... for 'key'" naming a record's wrong entry).
+function typeProblem(types, name, value) {
+  const type = types[name];
+  if (type?.record) {
+    if (!isRecord(value)) return `got ${describe(value)}`;
+    for (const [key, item] of Object.entries(value)) {
+      if (typeProblem(types, type.record, item)) return `got ${describe(item)} for '${key}'`;
+    }
+    return null;
+  }
+  if (type?.anyOf) {
+    return type.anyOf.some((n) => !typeProblem(types, n, value)) ? null : `got ${describe(value)}`;
+  }
+  const test = FIELD_CHECKS[name];
+  if (!test) throw new Error(`tensorgrad.js has no check for the protocol's field type '${name}' ` +
+                             "(the client and the worker come from different versions)");
+  return test(value) ? null : `got ${describe(value)}`;
 }
 
 const failed = (err) => ({
@@ -61,30 +137,40 @@ export class Session {
     this.dead = null;          // an Error once the worker is gone
     this.timings = null;       // from the "ready" progress message: {pyodideMs, wheelMs, ...}
     this.install = null;       // from "ready" too: {path: "unpack" | "micropip", snapshot, wheels}
-    this.protocol = null;      // {kind: {required, optional}}, from the "ready" message
+    this.protocol = null;      // {messages, events, types}, from the "ready" message
     this.watched = null;       // the lock request that notices the worker's death
   }
 
-  /** A ProtocolError for a request the worker's table does not allow, else null. */
+  /** A ProtocolError for a request the worker's table does not allow, else null: an unknown
+   *  kind, a missing or unknown field, a field of the wrong type (null and undefined: absent). */
   check(kind, payload) {
     if (!this.protocol) return null;
-    const entry = this.protocol[kind];
+    const messages = this.protocol.messages;
+    const entry = messages[kind];
     const fail = (message) => Object.assign(new Error(message), { name: "ProtocolError" });
     if (!entry) return fail(`unknown message kind ${JSON.stringify(kind)} (known: ` +
-                            `${Object.keys(this.protocol).join(", ")})`);
+                            `${Object.keys(messages).join(", ")})`);
     const fields = [...entry.required, ...entry.optional];
     const expected = [...entry.required, ...entry.optional.map((f) => f + "?")].join(", ");
     if (payload === null || typeof payload !== "object" || Array.isArray(payload)) {
       return fail(`${kind}: the payload must be an object {${expected}}`);
     }
+    const absent = (v) => v === undefined || v === null;
     const given = Object.keys(payload).filter((k) => payload[k] !== undefined);
-    const missing = entry.required.filter((f) => payload[f] === undefined || payload[f] === null);
+    const missing = entry.required.filter((f) => absent(payload[f]));
     const unknown = given.filter((k) => !fields.includes(k));
     if (missing.length || unknown.length) {
       const parts = [];
       if (missing.length) parts.push(`missing [${missing.join(", ")}]`);
       if (unknown.length) parts.push(`unknown [${unknown.join(", ")}]`);
       return fail(`${kind}: payload field(s) ${parts.join(" and ")}; expected {${expected}}`);
+    }
+    for (const [field, type] of Object.entries(entry.types)) {
+      if (absent(payload[field])) continue;
+      const problem = typeProblem(this.protocol.types, type, payload[field]);
+      if (problem) {
+        return fail(`${kind}: field '${field}' must be ${this.protocol.types[type].doc}, ${problem}`);
+      }
     }
     return null;
   }
@@ -128,23 +214,27 @@ export class Session {
     this.pending.clear();
   }
 
-  /** Run Python source in the worker's namespace; the repr of its last expression or null. */
+  /** Run Python source (a string) in the worker's namespace; the repr of its last expression
+   *  or null. */
   exec(source) { return this.request("exec", { source }); }
 
-  /** Fetch Python source from `url` (relative to the page) and run it like exec. */
+  /** Fetch Python source from `url` (a string, relative to the page) and run it like exec. */
   load(url) {
     const href = new URL(url, self.location.href).href;
     return this.request("load", { url: href });
   }
 
-  /** Run source defining `async def main()`; `tensorgrad.web.post(obj)` calls `onPost(obj)`. */
+  /** Run source (a string) defining `async def main()`; `tensorgrad.web.post(obj)` calls
+   *  `onPost(obj)`. */
   runScript(source, { onPost } = {}) { return this.request("runScript", { source }, { onPost }); }
 
   ping(value = null) { return this.request("ping", { value }); }
 
-  /** Compile a training step: {model: "MLP()", loss: "loss_fn", inputs, optimizer?, seed?};
-   *  optimizer is an expression ("tg.optim.Adam(lr=1e-3)") or plain data ({kind: "adam",
-   *  lr: 1e-3}, lr a number or a schedule such as {kind: "linear", peak, final, steps}). */
+  /** Compile a training step: {model: "MLP()", loss: "loss_fn", inputs, optimizer?, seed?}.
+   *  model and loss are Python expressions (strings); inputs a record {name: shape | [shape,
+   *  dtype]} (shape a list of integers, dtype "f32" | "i32"); optimizer an expression
+   *  ("tg.optim.Adam(lr=1e-3)") or plain data ({kind: "adam", lr: 1e-3}, lr a number or a
+   *  schedule such as {kind: "linear", peak, final, steps}); seed an integer. */
   async compile(spec) {
     const info = await this.request("compile", spec);
     return new Train(this, info, spec);
@@ -180,13 +270,15 @@ export class Forward {
     this.paramCount = info.paramCount;      // how many values in all
   }
 
-  /** Resolves {kind: "completed", output, outputShape, captures} | aborted | failed. */
+  /** Run the forward on `inputs`, a record {name: typed array} (transferred). Resolves
+   *  {kind: "completed", output, outputShape, captures} | aborted | failed. */
   run(inputs) {
     return resultOf(this.session.request("run", { graphId: this.graphId, inputs },
                                          { transfer: buffersOf(inputs) }));
   }
 
-  /** Write {name: Float32Array}; every param unless {partial: true}. */
+  /** Write params, a record {name: Float32Array} (transferred); every param unless
+   *  {partial: true} (a bool). */
   uploadParams(params, { partial = false } = {}) {
     return this.session.request("uploadParams", { graphId: this.graphId, params, partial },
                                 { transfer: buffersOf(params) });
@@ -209,31 +301,34 @@ export class Train extends Forward {
     this.kernelCount = info.kernelCount;
   }
 
-  /** One training step; `inputs` ({name: Float32Array | Int32Array}) are transferred.
+  /** One training step; `inputs`, a record {name: Float32Array | Int32Array}, are transferred.
    *  Resolves {kind: "completed", loss, captures} | {kind: "aborted"} | {kind: "failed", error}. */
   step(inputs) {
     return resultOf(this.session.request("step", { graphId: this.graphId, inputs },
                                          { transfer: buffersOf(inputs) }));
   }
 
-  /** A forward graph sharing this graph's parameters: {forward: "fn", inputs, output?}. */
+  /** A forward graph sharing this graph's parameters: {forward, inputs, output?}: forward a
+   *  Python expression ("fn"), inputs a record {name: shape | [shape, dtype]} with one null
+   *  dim at most per input, output a capture's name (a string). */
   async attach({ forward, inputs, output } = {}) {
     const info = await this.session.request("attach",
                                             { graphId: this.graphId, forward, inputs, output });
     return new Forward(this.session, info);
   }
 
-  /** Re-initialise params (same seed) and/or optimizer state ({params, optimizer}: both
-   *  true by default). */
+  /** Re-initialise params (same seed) and/or optimizer state ({params, optimizer}: bools,
+   *  both true by default). */
   reset({ params = true, optimizer = true } = {}) {
     return this.session.request("reset", { graphId: this.graphId, params, optimizer });
   }
 
-  /** A number, a schedule as plain data ({kind: "cosine_annealing", ...}), or a Python
-   *  expression building one. */
+  /** A new learning rate: a finite number, a schedule as plain data ({kind:
+   *  "cosine_annealing", ...}), or a Python expression (a string) building one. */
   setLR(lr) { return this.session.request("setLR", { graphId: this.graphId, lr }); }
 
-  /** Recompile for a new model expression ({seed?, optimizer?}); the handle stays valid. */
+  /** Recompile for a new model expression (a string; {seed?: integer, optimizer?: an
+   *  expression or plain data}); the handle stays valid. */
   async replaceModel(model, { seed, optimizer } = {}) {
     const info = await this.session.request("replaceModel",
                                             { graphId: this.graphId, model, seed, optimizer });

@@ -1,6 +1,6 @@
 """tensorgrad in the browser: the worker's message loop, the page clients and their protocol.
 
-    protocol.py   the message table (kinds, payload fields, reply shapes) every side checks
+    protocol.py   the message table (kinds, typed payload fields, reply shapes) every side checks
     worker.py     the Python loop of tensorgrad's Web Worker (web/worker.mjs calls handle())
     client.py     the page client for Python on the page (PyScript): start(), check_webgpu()
     script.py     script mode: post() to the page, train_steps(), import_source()

@@ -226,7 +226,7 @@ class RemoteForward:
         param unless `partial`."""
         typed = _typed_arrays(params, {}, "parameter")
         await self.session.request("uploadParams", {"graphId": self.graph_id, "params": typed,
-                                                    "partial": bool(partial)},
+                                                    "partial": partial},
                                    transfer=[t.buffer for t in typed.values()])
 
     async def download_params(self) -> dict[str, Any]:
@@ -273,7 +273,7 @@ class RemoteTraining(RemoteForward):
 
     async def reset(self, params: bool = True, optimizer: bool = True) -> None:
         """Re-initialise params (same seed) and/or the optimizer state and step counter."""
-        await self._request("reset", params=bool(params), optimizer=bool(optimizer))
+        await self._request("reset", params=params, optimizer=optimizer)
 
     async def set_lr(self, lr: float | str | Mapping[str, Any]) -> None:
         """A new learning rate: a number, a schedule as plain data, or an expression."""
@@ -366,7 +366,7 @@ class Session:
         if optimizer is not None:
             spec["optimizer"] = optimizer
         if seed is not None:
-            spec["seed"] = int(seed)
+            spec["seed"] = seed
         return RemoteTraining(self, await self.request("compile", spec), spec)
 
     def terminate(self) -> None:

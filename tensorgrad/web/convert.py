@@ -12,7 +12,7 @@ from typing import Any
 
 from ..gpu import in_pyodide
 
-__all__ = ["flat_buffer", "from_js", "plain", "to_js_value"]
+__all__ = ["flat_buffer", "from_js", "is_js", "plain", "to_js_value", "typed_array_name"]
 
 # Buffer formats Pyodide turns into typed arrays (Float32Array, Int32Array, ...): item sizes.
 _TYPED_ARRAY_FORMATS = {"f": 4, "d": 8, "i": 4, "I": 4, "l": 4, "L": 4, "h": 2, "H": 2,
@@ -28,12 +28,41 @@ def flat_buffer(data: Any) -> memoryview:
     return mv
 
 
-def _is_js(value: Any) -> bool:
+# The JS typed array a Python buffer of each element format travels as (4-byte 'l'/'L' only:
+# wasm32's C long).
+_TYPED_ARRAY_NAMES = {"f": "Float32Array", "d": "Float64Array", "b": "Int8Array",
+                      "h": "Int16Array", "i": "Int32Array", "l": "Int32Array", "B": "Uint8Array",
+                      "H": "Uint16Array", "I": "Uint32Array", "L": "Uint32Array"}
+
+
+def is_js(value: Any) -> bool:
+    """Whether `value` is a JS object seen from Python (a JsProxy; never outside Pyodide)."""
     if not in_pyodide():
         return False
     from pyodide.ffi import JsProxy
 
     return isinstance(value, JsProxy)
+
+
+def typed_array_name(value: Any) -> str | None:
+    """The JS typed array `value` is ('Float32Array', ...: a JsProxy of one) or travels as (a
+    Python buffer of a typed-array element format: memoryview, array.array, NumPy array);
+    None for anything else (DataView, a bytes-like of no such format, a non-buffer)."""
+    if is_js(value):
+        import js
+
+        if not js.ArrayBuffer.isView(value):
+            return None
+        name = str(value.constructor.name)
+        return name if name.endswith("Array") else None
+    try:
+        mv = value if isinstance(value, memoryview) else memoryview(value)
+    except TypeError:
+        return None
+    fmt = mv.format.lstrip("@=<")
+    if _TYPED_ARRAY_FORMATS.get(fmt) != mv.itemsize:
+        return None
+    return _TYPED_ARRAY_NAMES.get(fmt)
 
 
 def _is_buffer(value: Any) -> bool:
@@ -51,7 +80,7 @@ def plain(value: Any) -> Any:
     plain dicts and lists. Raises TypeError for anything the page cannot receive."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if _is_js(value):
+    if is_js(value):
         return value
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}

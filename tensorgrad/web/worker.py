@@ -1,13 +1,16 @@
 """The Python message loop of tensorgrad's Web Worker (``web/worker.mjs`` calls :func:`handle`).
 
 A message ``{id, kind, payload}`` is checked against the protocol table
-(:mod:`tensorgrad.web.protocol`) and goes to the handler registered for ``kind``. What the
+(:mod:`tensorgrad.web.protocol`: its kind, its fields and each field's type) and goes to the
+handler registered for ``kind``, its null fields left out (an optional field takes its
+default: a handler never sees a field of the wrong type or None). What the
 handler returns becomes ``{id, ok: true, result}``; what it raises becomes ``{id, ok: false,
 error: {name, message, traceback}}``, `name` being the exception's class name (the page
 client maps it back, see :func:`tensorgrad.errors.remote_error`). Handlers run concurrently
 (each message is its own coroutine); work on one graph is serialised by that graph's lock.
 
 Typed arrays in a payload arrive as memoryviews ('f' for Float32Array, 'i' for Int32Array).
+A message Python cannot read (a Float16Array, ...) is answered with a ProtocolError.
 The same loop runs in CPython with plain dicts (``await handle({...})``), for tests.
 """
 
@@ -75,16 +78,10 @@ class Session:
         self.graphs[graph_id] = graph
         return graph_id
 
-    @staticmethod
-    def graph_id(value: Any) -> int:
-        """A payload's graphId as an int; ProtocolError when it is not a whole number."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-            raise ProtocolError(f"graphId must be a number, got {value!r}")
-        return int(value)
-
-    def graph(self, graph_id: Any) -> Graph:
-        """The live graph `graph_id`, else :class:`~tensorgrad.errors.AbortError`."""
-        graph = self.graphs.get(self.graph_id(graph_id))
+    def graph(self, graph_id: int) -> Graph:
+        """The live graph `graph_id` (an id the protocol checked), else
+        :class:`~tensorgrad.errors.AbortError`."""
+        graph = self.graphs.get(graph_id)
         if graph is None or graph.destroyed:
             raise AbortError(f"graph {graph_id} does not exist (destroyed?)")
         return graph
@@ -126,7 +123,8 @@ async def dispatch(message: Any, session: Session = SESSION) -> dict[str, Any]:
                                 f"{type(message).__name__}")
         kind, payload = message.get("kind"), message.get("payload")
         check_payload(kind, payload)
-        result = await HANDLERS[kind](dict(payload or {}), session)
+        fields = {k: v for k, v in (payload or {}).items() if v is not None}
+        result = await HANDLERS[kind](fields, session)
         return {"id": request_id, "ok": True, "result": result}
     except (Exception, SystemExit) as exc:  # noqa: BLE001 (every failure goes to the page)
         return {"id": request_id, "ok": False, "error": error_info(exc)}
@@ -134,9 +132,25 @@ async def dispatch(message: Any, session: Session = SESSION) -> dict[str, Any]:
         current_request.reset(token)
 
 
+def _unreadable(message: Any, exc: Exception) -> Any:
+    """The reply to a JS message Python cannot convert (a value Pyodide has no conversion
+    for, such as a Float16Array): a ProtocolError naming the kind and why."""
+    request_id = kind = None
+    try:
+        request_id, kind = from_js(message.id), from_js(message.kind)
+    except Exception:  # noqa: BLE001, S110 (not even an object: no id, no kind)
+        pass
+    error = ProtocolError(f"{kind}: the worker cannot read this message's payload ({exc}); "
+                          "send plain data and typed arrays (Float32Array, Int32Array, ...)")
+    return to_js_value({"id": request_id, "ok": False, "error": error_info(error)})
+
+
 async def handle(message: Any) -> Any:
     """The worker's entry point: a JS message in, a JS reply out (dicts in and out in CPython)."""
-    message = from_js(message)  # typed arrays become memoryviews (one copy)
+    try:
+        message = from_js(message)  # typed arrays become memoryviews (one copy)
+    except Exception as exc:  # noqa: BLE001 (a value Pyodide cannot convert)
+        return _unreadable(message, exc)
     reply = await dispatch(message)
     if not in_pyodide():
         return reply
@@ -264,19 +278,11 @@ def _result(res: Any, output: str) -> dict[str, Any]:
     return reply
 
 
-def _inputs(payload: dict[str, Any], what: str) -> dict[str, Any]:
-    inputs = payload[what]
-    if not isinstance(inputs, Mapping):
-        raise ProtocolError(f"{what} must be an object {{name: typed array}}, got "
-                            f"{type(inputs).__name__}")
-    return dict(inputs)
-
-
 @handler("compile")
 async def _compile(payload: dict[str, Any], session: Session) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
-    if payload.get("seed") is not None:
-        kwargs["seed"] = int(payload["seed"])
+    if "seed" in payload:
+        kwargs["seed"] = payload["seed"]
     train = await api.compile(
         model=session.evaluate(payload["model"]), loss=session.evaluate(payload["loss"]),
         inputs=payload["inputs"], optimizer=session.optimizer(payload.get("optimizer")),
@@ -288,7 +294,7 @@ async def _step_or_run(payload: dict[str, Any], session: Session, method: str, o
                        ) -> dict[str, Any]:
     try:
         graph = session.graph(payload["graphId"])
-        inputs = _inputs(payload, "inputs")
+        inputs = dict(payload["inputs"])
         async with graph.lock:
             if graph.destroyed:
                 raise AbortError(f"graph {payload['graphId']} was destroyed")
@@ -310,12 +316,12 @@ async def _run(payload: dict[str, Any], session: Session) -> dict[str, Any]:
 
 @handler("attach")
 async def _attach(payload: dict[str, Any], session: Session) -> dict[str, Any]:
-    parent_id = session.graph_id(payload["graphId"])
+    parent_id = payload["graphId"]
     parent = session.graph(parent_id)
     if not isinstance(parent.obj, Training):
         raise TypeError(f"attach: graph {parent_id} is a forward graph; attach to a training "
                         "graph")
-    kwargs = {"output": payload["output"]} if payload.get("output") else {}
+    kwargs = {"output": payload["output"]} if "output" in payload else {}
     forward = await parent.obj.attach(forward=session.evaluate(payload["forward"]),
                                       inputs=payload["inputs"], **kwargs)
     return {"graphId": session.add_graph(Graph(forward, parent=parent_id)),
@@ -325,9 +331,9 @@ async def _attach(payload: dict[str, Any], session: Session) -> dict[str, Any]:
 @handler("uploadParams")
 async def _upload_params(payload: dict[str, Any], session: Session) -> None:
     graph = session.graph(payload["graphId"])
-    params = {name: flat_buffer(data) for name, data in _inputs(payload, "params").items()}
+    params = {name: flat_buffer(data) for name, data in payload["params"].items()}
     async with graph.lock:
-        await graph.obj.upload_params(params, partial=bool(payload.get("partial", False)))
+        await graph.obj.upload_params(params, partial=payload.get("partial", False))
 
 
 @handler("downloadParams")
@@ -349,8 +355,8 @@ async def _reset(payload: dict[str, Any], session: Session) -> None:
     graph = session.graph(payload["graphId"])
     train = _training(graph, "reset", payload["graphId"])
     async with graph.lock:
-        await train.reset(params=bool(payload.get("params", True)),
-                          optimizer=bool(payload.get("optimizer", True)))
+        await train.reset(params=payload.get("params", True),
+                          optimizer=payload.get("optimizer", True))
 
 
 @handler("setLR")
@@ -366,9 +372,9 @@ async def _replace_model(payload: dict[str, Any], session: Session) -> dict[str,
     graph = session.graph(payload["graphId"])
     train = _training(graph, "replaceModel", payload["graphId"])
     kwargs: dict[str, Any] = {}
-    if payload.get("seed") is not None:
-        kwargs["seed"] = int(payload["seed"])
-    if payload.get("optimizer") is not None:
+    if "seed" in payload:
+        kwargs["seed"] = payload["seed"]
+    if "optimizer" in payload:
         kwargs["optimizer"] = session.optimizer(payload["optimizer"])
     async with graph.lock:
         await train.replace_model(session.evaluate(payload["model"]), **kwargs)
@@ -377,7 +383,7 @@ async def _replace_model(payload: dict[str, Any], session: Session) -> dict[str,
 
 @handler("destroy")
 async def _destroy(payload: dict[str, Any], session: Session) -> None:
-    graph_id = session.graph_id(payload["graphId"])
+    graph_id = payload["graphId"]
     doomed = [graph_id] + [i for i, g in session.graphs.items() if g.parent == graph_id]
     for i in reversed(doomed):
         graph = session.graphs.pop(i, None)

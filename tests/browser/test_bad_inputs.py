@@ -99,9 +99,11 @@ CATALOGUE = [
         "loss: 'bad_mse', inputs: { x: [4, 2], y: [4, 1] }, optimizer: 'tg.optim.SGD(lr=1)' })",
         "rejected", "NameError", r"name 'NoSuchNet' is not defined"),
     Bad("data that cannot be sent (a function)", "bad.step({ x: () => 1, y: y() })", "failed",
-        "DataCloneError", r"could not be cloned"),
-    Bad("a string as data", "bad.step({ x: 'zeros', y: y() })", "failed", "ShapeError",
-        r"^input 'x': expected a numpy array or a buffer of f32, got str"),
+        "ProtocolError", r"^step: field 'inputs' must be a record \{name: typed array\}, got "
+        r"function for 'x'$"),
+    Bad("a string as data", "bad.step({ x: 'zeros', y: y() })", "failed", "ProtocolError",
+        r"^step: field 'inputs' must be a record \{name: typed array\}, got string 'zeros' "
+        r"for 'x'$"),
     Bad("an Int32Array for an f32 input", "bad.step({ x: new Int32Array(8), y: y() })",
         "failed", "ShapeError", r"^input 'x': expected f32 data \(format 'f'\), got a buffer "
         r"of format 'i'"),
@@ -279,3 +281,165 @@ def test_a_lost_device_fails_every_call_by_name_and_a_new_device_works(fresh: Pa
     assert kind == "failed" and name == "DeviceLostError", out
     assert message.startswith("the GPU device was lost (destroyed"), out
     assert out["after"] == "completed", out
+
+
+# ---- mistyped fields: the protocol's field types -------------------------------------------
+
+# Posts a raw message (no client checks) and resolves its reply; `posted()` counts what the
+# page posted to the worker since `window.countPosts()`.
+RAW = """
+window.raw = (kind, payload) => new Promise((resolve) => {
+  const id = 7000 + (window.rawIds = (window.rawIds ?? 0) + 1);
+  const listen = (e) => {
+    if (e.data?.id !== id) return;
+    session.worker.removeEventListener("message", listen);
+    resolve({ ok: e.data.ok, name: e.data.error?.name, message: e.data.error?.message,
+              result: e.data.ok ? e.data.result : undefined });
+  };
+  session.worker.addEventListener("message", listen);
+  session.worker.postMessage({ id, kind, payload });
+});
+window.countPosts = () => {
+  if (!session.worker.counted) {
+    const post = session.worker.postMessage.bind(session.worker);
+    session.worker.postMessage = (...args) => { session.worker.counted.n += 1; return post(...args); };
+  }
+  session.worker.counted = { n: 0 };
+};
+window.posted = () => session.worker.counted.n;
+window.flatParams = async (t) => Object.entries(await t.downloadParams()).map(
+  ([k, v]) => `${k}=${Array.from(v).join()}`).join("|");
+true
+"""
+
+ID = r"must be an integer id, got"
+# (JS payload expression for a raw message or a client call, what the worker says came, what
+# the JS client says came). `G` is the trained graph's id, `P()` a full set of params.
+_F32 = r"must be a record \{name: Float32Array\}, got"
+_LR = r"must be a learning rate: a number, a schedule \{kind, \.\.\.\} or a Python expression, got"
+_IN = r"must be a record \{name: typed array\}, got"
+MISTYPED = [
+    ("reset", "{ graphId: G, params: 'false' }",
+     r"field 'params' must be a bool, got str 'false'",
+     r"field 'params' must be a bool, got string 'false'"),
+    ("reset", "{ graphId: G, optimizer: 0 }",
+     r"field 'optimizer' must be a bool, got int 0",
+     r"field 'optimizer' must be a bool, got number 0"),
+    ("uploadParams", "{ graphId: G, params: { 'l2.b': new Float32Array(1) }, partial: 'no' }",
+     r"field 'partial' must be a bool, got str 'no'",
+     r"field 'partial' must be a bool, got string 'no'"),
+    ("uploadParams", "{ graphId: G, params: { ...P(), 'l2.b': new Float64Array(1) } }",
+     rf"field 'params' {_F32} memoryview of format 'd' \(1 items\) for 'l2\.b'",
+     rf"field 'params' {_F32} Float64Array\(1\) for 'l2\.b'"),
+    ("reset", "{ graphId: NaN }", rf"field 'graphId' {ID} float nan",
+     rf"field 'graphId' {ID} number NaN"),
+    ("reset", "{ graphId: Infinity }", rf"field 'graphId' {ID} float inf",
+     rf"field 'graphId' {ID} number Infinity"),
+    ("reset", "{ graphId: G + 0.5 }", rf"field 'graphId' {ID} float \d+\.5",
+     rf"field 'graphId' {ID} number \d+\.5"),
+    ("reset", "{ graphId: String(G) }", rf"field 'graphId' {ID} str '\d+'",
+     rf"field 'graphId' {ID} string '\d+'"),
+    ("destroy", "{ graphId: true }", rf"field 'graphId' {ID} bool True",
+     rf"field 'graphId' {ID} boolean true"),
+    ("downloadParams", "{ graphId: -Infinity }", rf"field 'graphId' {ID} float -inf",
+     rf"field 'graphId' {ID} number -Infinity"),
+    ("setLR", "{ graphId: G, lr: NaN }", rf"field 'lr' {_LR} float nan",
+     rf"field 'lr' {_LR} number NaN"),
+    ("step", "{ graphId: G, inputs: { x: [1, 2], y: new Float32Array(4) } }",
+     rf"field 'inputs' {_IN} list \[1, 2\] for 'x'",
+     rf"field 'inputs' {_IN} array \[1,2\] for 'x'"),
+]
+
+
+@pytest.fixture(scope="module")
+def trained(models: Page) -> Page:
+    """`window.trained`: BadNet after a few SGD steps (params no longer the initial ones)."""
+    models.js(RAW)
+    models.js("""async () => {
+      window.trained = await session.compile({ model: "BadNet()", loss: "bad_mse", seed: 5,
+        inputs: { x: [4, 2], y: [4, 1] }, optimizer: "tg.optim.SGD(lr=0.5)" });
+      window.G = trained.graphId;
+      window.P = () => Object.fromEntries(Object.entries(trained.paramShapes).map(
+        ([k, s]) => [k, new Float32Array(s.reduce((a, b) => a * b, 1)).fill(3)]));
+      for (let i = 0; i < 3; i++) {
+        await trained.step({ x: new Float32Array(8).fill(0.5), y: new Float32Array(4).fill(1) });
+      }
+    }""")
+    return models
+
+
+@pytest.mark.parametrize(("kind", "payload", "worker", "client"), MISTYPED,
+                         ids=[f"{k} {p}"[:50] for k, p, _, _ in MISTYPED])
+def test_the_worker_refuses_a_mistyped_field_and_the_params_stay(
+        trained: Page, kind: str, payload: str, worker: str, client: str) -> None:
+    """A raw message (no client checks) with a field of the wrong type: ProtocolError from
+    the worker, and the trained params are what they were (downloaded and compared)."""
+    out = trained.js(f"""async () => {{
+      const before = await flatParams(trained);
+      const reply = await raw("{kind}", {payload});
+      return {{ reply, same: (await flatParams(trained)) === before,
+                live: (await trained.step({{ x: new Float32Array(8),
+                                            y: new Float32Array(4) }})).kind }};
+    }}""")
+    assert out["reply"]["ok"] is False and out["reply"]["name"] == "ProtocolError", out
+    assert re.fullmatch(f"{kind}: {worker}", out["reply"]["message"]), out
+    assert out["same"] and out["live"] == "completed", out
+
+
+@pytest.mark.parametrize(("kind", "payload", "worker", "client"), MISTYPED,
+                         ids=[f"{k} {p}"[:50] for k, p, _, _ in MISTYPED])
+def test_the_js_client_refuses_a_mistyped_field_before_sending(
+        trained: Page, kind: str, payload: str, worker: str, client: str) -> None:
+    out = trained.js(f"""async () => {{
+      const payload = {payload};
+      const arrays = Object.values(payload.params ?? payload.inputs ?? {{}});
+      countPosts();
+      const err = await session.request("{kind}", payload).then(() => null, (e) => e);
+      return {{ name: err?.name, message: err?.message, isError: err instanceof Error,
+                posted: posted(), detached: arrays.some((a) => a.byteLength === 0) }};
+    }}""")
+    assert out["name"] == "ProtocolError" and out["isError"], out
+    assert re.fullmatch(f"{kind}: {client}", out["message"]), out
+    assert out["posted"] == 0 and not out["detached"], out
+
+
+def test_the_js_clients_methods_refuse_mistyped_options(trained: Page) -> None:
+    out = trained.js("""async () => {
+      const before = await flatParams(trained);
+      countPosts();
+      const err = (p) => p.then(() => null, (e) => `${e.name}: ${e.message}`);
+      const reset = await err(trained.reset({ params: "false" }));
+      const partial = await err(trained.uploadParams({ "l2.b": new Float32Array(1) },
+                                                     { partial: "no" }));
+      const seed = await err(trained.replaceModel("BadNet()", { seed: 1.5 }));
+      const n = posted();
+      return { reset, partial, seed, posted: n, same: (await flatParams(trained)) === before };
+    }""")
+    assert out["reset"] == ("ProtocolError: reset: field 'params' must be a bool, got string "
+                            "'false'"), out
+    assert out["partial"] == ("ProtocolError: uploadParams: field 'partial' must be a bool, got "
+                              "string 'no'"), out
+    assert out["seed"] == ("ProtocolError: replaceModel: field 'seed' must be an integer, got "
+                           "number 1.5"), out
+    assert out["posted"] == 0 and out["same"], out
+
+
+def test_null_fields_are_absent_for_the_worker(trained: Page) -> None:
+    """{params: null} is the default (true), not false: reset re-initialises the params."""
+    out = trained.js("""async () => {
+      const before = await flatParams(trained);
+      const reply = await raw("reset", { graphId: G, params: null, optimizer: null });
+      const after = await flatParams(trained);
+      await trained.reset();
+      return { ok: reply.ok, reset: after !== before, init: after === await flatParams(trained) };
+    }""")
+    assert out == {"ok": True, "reset": True, "init": True}, out
+
+
+def test_a_message_python_cannot_read_is_a_protocol_error(trained: Page) -> None:
+    out = trained.js("""() => raw("step", { graphId: G, inputs: { x: new Float16Array(8),
+                                                                    y: new Float32Array(4) } })""")
+    assert out["ok"] is False and out["name"] == "ProtocolError", out
+    assert out["message"].startswith("step: the worker cannot read this message's payload ("), out
+    assert out["message"].endswith("send plain data and typed arrays (Float32Array, "
+                                   "Int32Array, ...)"), out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -176,6 +177,56 @@ json.dumps(out)
 """
 
 
+MISTYPED = """
+import array, json, math
+import js
+import tensorgrad as tg
+from pyodide.code import run_js
+from tensorgrad.errors import ProtocolError
+
+count = run_js('''(w) => {
+  if (!w.counted) {
+    const post = w.postMessage.bind(w);
+    w.postMessage = (...args) => { w.counted.n += 1; return post(...args); };
+  }
+  w.counted = { n: 0 };
+  return () => w.counted.n;
+}''')
+train = await session.compile(model="MLP()", loss="loss_fn", inputs={"x": [8, 4], "y": [8, 1]},
+                              optimizer="tg.optim.SGD(lr=0.1)", seed=2)
+x, y = array.array("f", [0.5] * 32), array.array("f", [1.0] * 8)
+for _ in range(3):
+    await train.step(x=x, y=y)
+params = lambda p: {k: v.tolist() for k, v in p.items()}
+before = params(await train.download_params())
+gid = train.graph_id
+calls = {
+    "reset params": lambda: train.reset(params="false"),
+    "reset optimizer": lambda: train.reset(optimizer=1),
+    "partial": lambda: train.upload_params({"l2.b": [9.0]}, partial="no"),
+    "f64 param": lambda: train.upload_params({"l2.b": js.Float64Array.new(1)}, partial=True),
+    "nan id": lambda: session.request("destroy", {"graphId": math.nan}),
+    "inf id": lambda: session.request("reset", {"graphId": math.inf}),
+    "half id": lambda: session.request("downloadParams", {"graphId": gid + 0.5}),
+    "str id": lambda: session.request("destroy", {"graphId": str(gid)}),
+    "nan lr": lambda: train.set_lr(math.nan),
+    "seed": lambda: session.compile(model="MLP()", loss="loss_fn", inputs={"x": [8, 4]},
+                                    seed=1.5),
+}
+posted = count(session.js.worker)
+out = {}
+for what, call in calls.items():
+    try:
+        await call()
+        out[what] = "sent"
+    except ProtocolError as exc:
+        out[what] = str(exc)
+json.dumps({"errors": out, "posted": posted(),
+            "same": params(await train.download_params()) == before,
+            "step": (await train.step(x=x, y=y)).kind})
+"""
+
+
 class PythonPage:
     """The test page with Python on the main thread; `py(source)` runs Python there."""
 
@@ -258,6 +309,31 @@ def test_attach_run_params_and_destroy(page_python: PythonPage,
     assert out["aborted"] == ["Aborted", "Aborted"], out
 
 
+def test_the_python_client_refuses_mistyped_fields_before_sending(
+        page_python: PythonPage, started: dict[str, Any]) -> None:
+    out = page_python.py(MISTYPED)
+    errors = out["errors"]
+    idm = "field 'graphId' must be an integer id, got"
+    assert errors == {
+        "reset params": "reset: field 'params' must be a bool, got str 'false'",
+        "reset optimizer": "reset: field 'optimizer' must be a bool, got int 1",
+        "partial": "uploadParams: field 'partial' must be a bool, got str 'no'",
+        "f64 param": ("uploadParams: field 'params' must be a record {name: Float32Array}, "
+                      "got JS Float64Array(1) for 'l2.b'"),
+        "nan id": f"destroy: {idm} float nan",
+        "inf id": f"reset: {idm} float inf",
+        "half id": errors["half id"],
+        "str id": errors["str id"],
+        "nan lr": ("setLR: field 'lr' must be a learning rate: a number, a schedule {kind, ...} "
+                   "or a Python expression, got float nan"),
+        "seed": "compile: field 'seed' must be an integer, got float 1.5",
+    }, errors
+    assert re.fullmatch(rf"downloadParams: {idm} float \d+\.5", errors["half id"]), errors
+    assert re.fullmatch(rf"destroy: {idm} str '\d+'", errors["str id"]), errors
+    assert out["posted"] == 0, "a mistyped message reached the worker"
+    assert out["same"] and out["step"] == "completed", out
+
+
 def test_check_webgpu_from_python_on_the_page(page_python: PythonPage,
                                              started: dict[str, Any]) -> None:
     out = page_python.py("""
@@ -290,3 +366,4 @@ def test_start_outside_a_browser_is_a_clear_error() -> None:
     with ThreadPoolExecutor(1) as pool, \
             pytest.raises(RuntimeError, match="Pyodide on a web page"):
         pool.submit(asyncio.run, tensorgrad.web.start()).result()
+

@@ -495,3 +495,64 @@ def test_check_webgpu_inside_the_worker(tg: Page) -> None:
     got = tg.exec_json("(lambda r: [r.ok, r.reason, r.message])("
                        "await __import__('tensorgrad').check_webgpu())")
     assert got[0] is True and got[1] is None and got[2].startswith("WebGPU ready"), got
+
+
+# JS values, as sources; each is checked against every primitive field type by the JS client's
+# FIELD_CHECKS and by the worker's TYPES after the trip a message makes (structured clone, then
+# Pyodide's conversion to Python).
+SAMPLES = [
+    "true", "false", "0", "1", "-0", "7", "1.5", "NaN", "Infinity", "-Infinity", "2 ** 53",
+    "2 ** 53 - 1", "-(2 ** 53 - 1)", "10n", "'1'", "'false'", "''", "[]", "[1, 2]", "[1, null]",
+    "[1.5]", "[true]", "['2']", "[[2], 'i32']", "[3, 'i32']", "[[2, null], 'f32']", "[[2], 3]",
+    "[undefined, 2]", "{}", "{ shape: [2] }", "{ shape: [2], dtype: 'i32' }", "{ shape: [2], other: 1 }",
+    "{ shape: 'x' }", "{ kind: 'adam', lr: 0.1 }", "{ lr: 0.1 }", "{ kind: 3 }",
+    "new Float32Array(2)", "new Float64Array(2)", "new Int8Array(1)", "new Int16Array(1)",
+    "new Int32Array(2)", "new Uint8Array(2)", "new Uint8ClampedArray(2)", "new Uint16Array(1)",
+    "new Uint32Array(1)", "new BigInt64Array(1)", "new DataView(new ArrayBuffer(4))",
+    "new ArrayBuffer(4)", "new Map([['kind', 'adam']])", "new Set([1])", "new Date(0)",
+]
+# Where the JS client is stricter: values that reach Python as a valid one would (an
+# ArrayBuffer or a DataView as bytes, like a Uint8Array; a Map as a dict).
+JS_STRICTER = {("typedArray", "new ArrayBuffer(4)"),
+               ("typedArray", "new DataView(new ArrayBuffer(4))"),
+               ("plainData", "new Map([['kind', 'adam']])")}
+
+
+def test_the_js_clients_field_checks_agree_with_the_workers(tg: Page) -> None:
+    primitives = tg.exec_json("[n for n, t in __import__('tensorgrad.web.protocol', fromlist="
+                              "['TYPES']).TYPES.items() if t.test is not None]")
+    js = tg.js("""([samples, names]) => Object.fromEntries(names.map((n) => [n,
+      samples.map((s) => tg.FIELD_CHECKS[n]((0, eval)(`(${s})`)))]))""", [SAMPLES, primitives])
+    py = tg.exec_json(f"""(lambda TYPES, convert, run_js: {{n: [
+        TYPES[n].test(convert(run_js("(s) => structuredClone((0, eval)(`(${{s}})`))")(s)))
+        for s in {SAMPLES!r}] for n in {primitives!r}}})(
+        __import__('tensorgrad.web.protocol', fromlist=['TYPES']).TYPES,
+        __import__('tensorgrad.web.convert', fromlist=['from_js']).from_js,
+        __import__('pyodide.code', fromlist=['run_js']).run_js)""")
+    differ = {(n, s) for n in primitives for s, a, b in zip(SAMPLES, js[n], py[n]) if a != b}
+    assert differ == JS_STRICTER, differ
+    for name, sample in JS_STRICTER:
+        assert not js[name][SAMPLES.index(sample)], (name, sample)  # JS refuses, Python not
+    assert sum(map(sum, js.values())) > 40  # accepted values, not only refusals
+
+
+def test_the_workers_events_have_the_tables_types(tg: Page) -> None:
+    """The progress events of start-up and the posts of a script, as the page received them,
+    check against the table's event types."""
+    from tensorgrad.web.protocol import check_event
+
+    for event in tg.progress:
+        check_event(event)
+    posts = tg.js("""async () => {
+      const seen = [];
+      const listen = (e) => { if (e.data?.kind === "post") seen.push(e.data); };
+      session.worker.addEventListener("message", listen);
+      await session.runScript("import tensorgrad.web\\nfrom array import array\\n" +
+        "async def main():\\n    tensorgrad.web.post({'w': array('f', [1, 2])})\\n" +
+        "    tensorgrad.web.post(None)");
+      session.worker.removeEventListener("message", listen);
+      return seen.map((e) => ({ ...e, data: e.data && { w: Array.from(e.data.w) } }));
+    }""")
+    assert len(posts) == 2 and posts[0]["data"] == {"w": [1, 2]}, posts
+    for event in posts:
+        check_event(event)

@@ -99,7 +99,7 @@ def test_reset_restores_the_initial_params(session) -> None:
     ({"id": 3, "kind": "exec", "payload": "print(1)"}, "ProtocolError",
      "exec: the payload must be an object {source, filename?}, got str"),
     ({"id": 3, "kind": "destroy", "payload": {"graphId": "one"}}, "ProtocolError",
-     "graphId must be a number, got 'one'"),
+     "destroy: field 'graphId' must be an integer id, got str 'one'"),
     ({"id": 3, "kind": "setLR", "payload": {"graphId": 999, "lr": 0.1}}, "AbortError",
      "graph 999 does not exist (destroyed?)"),
     ({"id": 3, "kind": "compile", "payload": {"model": "Tiny()", "loss": "tiny_loss",
@@ -126,3 +126,33 @@ def test_step_on_a_destroyed_graph_is_aborted(session) -> None:
     assert call(session, "destroy", {"graphId": info["graphId"]})["ok"]
     reply = call(session, "step", {"graphId": info["graphId"], "inputs": {"x": X, "y": Y}})
     assert reply["ok"] and reply["result"] == {"kind": "aborted"}
+
+
+_ID = "field 'graphId' must be an integer id, got"
+
+
+@pytest.mark.parametrize(("kind", "payload", "message"), [
+    ("reset", {"params": "false"}, "reset: field 'params' must be a bool, got str 'false'"),
+    ("reset", {"optimizer": 0}, "reset: field 'optimizer' must be a bool, got int 0"),
+    ("uploadParams", {"params": {"fc.b": array.array("f", [9.0])}, "partial": "no"},
+     "uploadParams: field 'partial' must be a bool, got str 'no'"),
+    ("uploadParams", {"params": {"fc.b": array.array("d", [9.0])}, "partial": True},
+     ("uploadParams: field 'params' must be a record {name: Float32Array}, got array of "
+      "format 'd' (1 items) for 'fc.b'")),
+    ("reset", {"graphId": float("nan")}, f"reset: {_ID} float nan"),
+    ("destroy", {"graphId": float("inf")}, f"destroy: {_ID} float inf"),
+    ("destroy", {"graphId": 1.5}, f"destroy: {_ID} float 1.5"),
+])
+def test_a_field_of_the_wrong_type_changes_nothing(session, kind, payload, message) -> None:
+    """A mistyped field is refused before anything runs: the trained params stay (reset with
+    params "false" once re-initialised them; partial "no" acted as partial)."""
+    gid = compile_tiny(session, "tg.optim.SGD(lr=0.5)")["graphId"]
+    assert call(session, "step", {"graphId": gid, "inputs": {"x": X, "y": Y}})["ok"]
+    before = {k: v.tolist() for k, v in call(session, "downloadParams",
+                                             {"graphId": gid})["result"].items()}
+    reply = call(session, kind, {"graphId": gid, **payload})
+    assert not reply["ok"] and reply["error"]["name"] == "ProtocolError", reply
+    assert reply["error"]["message"] == message
+    after = call(session, "downloadParams", {"graphId": gid})["result"]
+    assert {k: v.tolist() for k, v in after.items()} == before
+    assert session.graph(gid).obj.step_count == 1
