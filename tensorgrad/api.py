@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from . import describe
 from .compiler import Options, Request, compile_graph
 from .errors import AbortError, ShapeError
 from .flight import CallQueue
@@ -111,6 +112,10 @@ def _non_finite_input(data: Mapping[str, bytes], dtypes: Mapping[str, str]) -> s
     return ""
 
 
+def _device_name(device: Any) -> str:
+    return str(getattr(device, "description", "") or type(device).__name__)
+
+
 async def _value(result: Result) -> Result:
     return result
 
@@ -202,6 +207,23 @@ class Training(_Runner):
     @property
     def step_count(self) -> int:
         return self._t
+
+    def __repr__(self) -> str:
+        """One line: the model, params, inputs, optimizer, kernels, step count, device, state
+        (never a buffer's contents)."""
+        inputs = describe.mapping({n: describe.shape(d.shape, d.dtype)
+                                   for n, d in self._decls.items()})
+        model = type(getattr(self, "_model", None)).__name__
+        if self._destroyed or self._store is None:
+            return (f"<tg.Training of {model}: destroyed after {describe.count(self._t, 'step')}"
+                    f", inputs {inputs}>")
+        optimizer = f"{type(self._optimizer).__name__}(lr={self._lr!r})"
+        return (f"<tg.Training of {model}: {describe.count(self.param_count, 'param')} in "
+                f"{describe.count(len(self.param_names), 'tensor')}, inputs {inputs}, "
+                f"{optimizer}, {describe.count(self.kernel_count, 'kernel')}, peak "
+                f"{describe.byte_size(self.peak_bytes)}, {describe.count(self._t, 'step')} "
+                f"done, on {_device_name(self.device)}, "
+                f"{describe.count(len(self._children), 'attached forward')}>")
 
     # -- steps ---------------------------------------------------------------------------
     def step(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
@@ -416,6 +438,27 @@ class Forward(_Runner):
     def param_count(self) -> int:
         """How many parameter values the model has (sum of the param sizes)."""
         return sum(s.size for s in self._store.specs.values())
+
+    def __repr__(self) -> str:
+        """One line: the model, params, inputs (None dims as None), output dtype, the shapes
+        compiled so far and their kernels, the device, attached or standalone, state."""
+        decls = normalize_inputs(self._input_decls)
+        inputs = describe.mapping({n: describe.shape(d.shape, d.dtype) for n, d in decls.items()})
+        model = type(self._model).__name__ if self._model is not None else "?"
+        owner = "attached to a tg.Training" if self._owner else "standalone"
+        if self._destroyed:
+            return f"<tg.Forward of {model}: destroyed, inputs {inputs}, {owner}>"
+        compiled = [", ".join(f"{n}: {list(s)}" for n, (s, _) in typed.items()) + "; "
+                    + describe.count(exe.kernel_count, "kernel")
+                    for exe, typed in self._cache.values()]
+        shapes = (describe.count(len(compiled), "shape") + " compiled (" +
+                  " | ".join(compiled) + ")" if compiled else "no shape compiled yet")
+        try:
+            params = describe.count(self.param_count, "param")
+        except RuntimeError:  # an attached forward whose training was destroyed
+            params = "params gone (its training was destroyed)"
+        return (f"<tg.Forward of {model}: {params}, inputs {inputs} -> {self._output}, "
+                f"{shapes}, on {_device_name(self.device)}, {owner}>")
 
     def _invalidate(self) -> None:
         self._generation += 1

@@ -191,6 +191,14 @@ class Executable:
     def kernel_count(self) -> int:
         return sum(1 for k in self.kernels if k.threads > 0)
 
+    def __repr__(self) -> str:
+        """One line: inputs, kernels, nodes, peak bytes, device, state (no buffers, no WGSL)."""
+        inputs = ", ".join(f"{n}: {n_.dtype}{list(n_.shape)}" for n, n_ in self.inputs.items())
+        state = "destroyed" if self.destroyed else "live"
+        return (f"<Executable: inputs {{{inputs}}}, {self.kernel_count} kernels, "
+                f"{len(self.graph.nodes)} nodes, peak {getattr(self.plan, 'peak_bytes', 0):,} "
+                f"bytes, on {getattr(self.device, 'description', '?')}, {state}>")
+
     def buffer_of(self, node_id: int) -> Any:
         """What holds node `node_id`: its buffer, or the slice of an arena or of a shared
         buffer it lies in."""
