@@ -351,8 +351,10 @@ class Training(_Runner):
 
     async def attach(self, forward: Callable[..., Any], inputs: Mapping[str, Any],
                      output: str = "f32", max_cached_shapes: int = 8) -> Forward:
-        """A forward graph sharing this training's param buffers. One input dim may be None
-        (resolved from the data, compiled per size on first use)."""
+        """A forward graph sharing this training's param buffers; its runs take their turn
+        with the steps. `inputs` may leave one dim per input as None, the same size for all
+        (``{"x": (None, 1)}``): each run resolves it from the data (length / the other dims)
+        and a new size is compiled on first use, the last `max_cached_shapes` kept."""
         self._live_exe()
         child = Forward(self.device, forward, inputs, output, max_cached_shapes,
                         self._chunk_size, owner=self, fuse=self._fuse)
@@ -552,7 +554,9 @@ async def compile(*, model: Module, loss: Callable[..., Any], inputs: Mapping[st
     """Trace `loss(model, **inputs)`, derive gradients, append `optimizer` and compile the
     whole training step for `device` (default: navigator.gpu in Pyodide, wgpu natively).
 
-    `inputs`: {name: shape} (f32) or {name: (shape, "i32")}. `chunk_size`: most compute
+    `inputs`: {name: shape} (f32) or {name: (shape, "i32")}, every dim given: the step is
+    compiled for those shapes (a None dim raises, naming the forward calls that take one:
+    ``train.attach(forward=..., inputs={"x": (None, 1)})``). `chunk_size`: most compute
     passes per GPU submission (0: one submission per step). `fuse`: inline chains of
     elementwise ops into single kernels (fewer dispatches, less memory traffic). Mistakes in the model raise
     here (ShapeError / TraceError); `step` itself never raises."""
@@ -569,7 +573,10 @@ async def compile_forward(*, model: Module, forward: Callable[..., Any],
                           device: GPUDevice | None = None, seed: int | None = None,
                           max_cached_shapes: int = 8,
                           chunk_size: int = DEFAULT_CHUNK_SIZE, fuse: bool = True) -> Forward:
-    """A standalone forward executor with its own params (initialised from `seed`)."""
+    """A standalone forward executor with its own params (initialised from `seed`; load
+    trained ones with `upload_params`). `inputs` may leave one dim per input as None
+    (``{"x": (None, 1)}``): resolved from each run's data, each size compiled on first use
+    and the last `max_cached_shapes` kept, as for :meth:`Training.attach`."""
     device = device or await default_device()
     seed = random_seed() if seed is None else int(seed)
     store = ParamStore(device, model.named_params(), seed)

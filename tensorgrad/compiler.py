@@ -285,7 +285,8 @@ def trace_forward(model: Module, forward: Callable[..., Tensor],
                   inputs: Mapping[str, Any]) -> Compilation:
     """Trace `forward(model, **inputs)` after dead-code elimination (no device needed).
 
-    Input dims must be concrete (resolve None dims with
-    :func:`tensorgrad.trace.resolve_shapes` first)."""
+    Input dims must be concrete: this traces one shape. For inputs of any size at run time,
+    ``train.attach(forward=..., inputs={"x": (None, 1)})`` or ``tg.compile_forward`` take a
+    None dim, resolve it from each run's data and compile each size on first use."""
     return compile_graph(Request("forward", model, forward, inputs), Options(),
                          until="passes after autograd")
