@@ -3,7 +3,9 @@ fresh virtual environment (pip resolves wgpu and its dependencies from the confi
 reusing pip's cache), `pip check` clean, and the README's first model trained from there on
 the native device (lavapipe unless a Vulkan driver variable says otherwise).
 
-About 25-40 s on the project's 2-core machine (build 3-6 s, install 11-15 s, training 6 s)."""
+47-56 s measured on the project's 2-core machine while other work loaded it (load 8-12),
+13 s of it CPU time: the build, pip's install (most of the wait: index look-ups and
+unpacking numpy) and about 6 s of training."""
 
 from __future__ import annotations
 
