@@ -72,19 +72,28 @@ def ensure_apt_packages(packages: tuple[str, ...] = TEST_APT_PACKAGES) -> None:
 
 
 def _requirement_met(requirement: str) -> bool:
-    """True when a plain `name` or `name==version` requirement is installed (others: False,
-    so that pip decides)."""
+    """True when a plain `name`, `name==version` or `name>=version` requirement is installed
+    (others, or `>=` without the `packaging` module: False, so that pip decides)."""
     import importlib.metadata as md
     import re
 
-    match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*(?:==\s*([A-Za-z0-9_.\-]+))?\s*", requirement)
+    match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*(?:(==|>=)\s*([A-Za-z0-9_.\-]+))?\s*",
+                         requirement)
     if not match:
         return False
     try:
         installed = md.version(match[1])
     except md.PackageNotFoundError:
         return False
-    return match[2] is None or installed.split("+")[0] == match[2]
+    if match[2] is None:
+        return True
+    if match[2] == "==":
+        return installed.split("+")[0] == match[3]
+    try:
+        from packaging.version import Version
+    except ImportError:
+        return False
+    return Version(installed) >= Version(match[3])
 
 
 def _python_test_deps_met() -> bool:

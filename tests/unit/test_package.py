@@ -105,3 +105,16 @@ def test_build_py_wheel_matches_setuptools_wheel(dists: tuple[Path, Path]) -> No
                     if not n.endswith(("/RECORD", "/WHEEL", "/METADATA"))}
 
     assert digests(ours) == digests(theirs)
+
+
+def test_build_py_sees_the_installed_test_extra_as_met() -> None:
+    """`build.py test` skips `pip install -e .[test]` when every requirement of the test extra
+    is installed: `name`, `name==v` and `name>=v` (setuptools>=77) are read, so a run after
+    the install does not reinstall (a `>=` requirement counted as unmet before)."""
+    import build
+
+    assert build._requirement_met("setuptools>=77") and build._requirement_met("pytest")
+    assert not build._requirement_met("setuptools>=9999")
+    assert not build._requirement_met("no-such-package-here==1.0")
+    unmet = [r for r in PROJECT["optional-dependencies"]["test"] if not build._requirement_met(r)]
+    assert not unmet, f"build.py reads these test requirements as missing: {unmet}"
