@@ -73,7 +73,9 @@ def test_wheel_holds_the_package_py_typed_and_the_license(dists: tuple[Path, Pat
     fields = dict(headers)
     assert (fields["Name"], fields["Version"]) == ("tensorgrad-webgpu", PROJECT["version"])
     assert fields["License-Expression"] == "MIT" and fields["License-File"] == "LICENSE"
-    assert fields["Metadata-Version"] == "2.4" and body.startswith("# tensorgrad")
+    assert fields["Metadata-Version"] == "2.4" and fields["Description-Content-Type"] == (
+        "text/markdown")
+    assert body.strip() == (ROOT / "README.md").read_text().strip()  # PyPI's project page
     assert ("Requires-Dist", 'wgpu==0.32.0; extra == "native"') in headers
 
 
