@@ -112,10 +112,6 @@ def _non_finite_input(data: Mapping[str, bytes], dtypes: Mapping[str, str]) -> s
     return ""
 
 
-def _device_name(device: Any) -> str:
-    return str(getattr(device, "description", "") or type(device).__name__)
-
-
 async def _value(result: Result) -> Result:
     return result
 
@@ -222,7 +218,7 @@ class Training(_Runner):
                 f"{describe.count(len(self.param_names), 'tensor')}, inputs {inputs}, "
                 f"{optimizer}, {describe.count(self.kernel_count, 'kernel')}, peak "
                 f"{describe.byte_size(self.peak_bytes)}, {describe.count(self._t, 'step')} "
-                f"done, on {_device_name(self.device)}, "
+                f"done, on {describe.device(self.device)}, "
                 f"{describe.count(len(self._children), 'attached forward')}>")
 
     # -- steps ---------------------------------------------------------------------------
@@ -460,7 +456,7 @@ class Forward(_Runner):
         except RuntimeError:  # an attached forward whose training was destroyed
             params = "params gone (its training was destroyed)"
         return (f"<tg.Forward of {model}: {params}, inputs {inputs} -> {self._output}, "
-                f"{shapes}, on {_device_name(self.device)}, {owner}>")
+                f"{shapes}, on {describe.device(self.device)}, {owner}>")
 
     def _invalidate(self) -> None:
         self._generation += 1

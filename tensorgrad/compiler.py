@@ -158,7 +158,7 @@ class Compilation:
         if self.plan is not None:
             parts.append(f"peak {describe.byte_size(self.plan.peak_bytes)}")
         if self.executable is not None:
-            parts.append(f"built on {getattr(self.executable.device, 'description', '?')}")
+            parts.append(f"built on {describe.device(self.executable.device)}")
         return f"<Compilation of a {what} of {type(r.model).__name__}, {stage}: " + \
             ", ".join(parts) + ">"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["array", "byte_size", "clip", "count", "mapping", "shape"]
+__all__ = ["array", "arrays", "byte_size", "clip", "count", "device", "mapping", "shape"]
 
 PREVIEW_MAX = 6       # arrays with at most this many elements show their values
 CLIP_MAX = 300        # longest message kept whole (an error's text in Failed)
@@ -72,6 +72,16 @@ def mapping(items: Mapping[str, str]) -> str:
     if len(items) > ITEMS_MAX:
         shown.append(f"... ({len(items) - ITEMS_MAX} more)")
     return "{" + ", ".join(shown) + "}"
+
+
+def arrays(values: Mapping[str, Any]) -> str:
+    """``{pred: f32[2, 2], err: f32[] [0.25]}``: arrays by name, each as :func:`array`."""
+    return mapping({k: array(v) for k, v in values.items()})
+
+
+def device(gpu: Any) -> str:
+    """A GPU device as its description (adapter, driver, backend), else its type's name."""
+    return str(getattr(gpu, "description", "") or type(gpu).__name__)
 
 
 def byte_size(n: int) -> str:

@@ -28,10 +28,7 @@ class Captures(dict):
     def __repr__(self) -> str:
         """``Captures({pred: f32[2, 2]})``: names with dtype and shape, never the values of a
         big array."""
-        return f"Captures({self._summary()})"
-
-    def _summary(self) -> str:
-        return describe.mapping({k: describe.array(v) for k, v in self.items()})
+        return f"Captures({describe.arrays(self)})"
 
 
 @dataclass(frozen=True)
@@ -52,10 +49,7 @@ class Completed:
         if self.output is not None:
             parts.append(f"output={describe.array(self.output)}")
         if self.captures:
-            captures = self.captures
-            summary = (captures._summary() if isinstance(captures, Captures) else
-                       describe.mapping({k: describe.array(v) for k, v in captures.items()}))
-            parts.append(f"captures={summary}")
+            parts.append(f"captures={describe.arrays(self.captures)}")
         return f"Completed({', '.join(parts)})"
 
 
