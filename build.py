@@ -4,7 +4,7 @@
     python build.py test                 install what the tests need, run every test
     python build.py serve [--port N]     build the wheel and the offline web bundle, serve it
     python build.py demo NAME            train a demo in headless Chromium, print its progress
-    python build.py wheel                build dist/tensorgrad-*.whl
+    python build.py wheel                build dist/tensorgrad_webgpu-*.whl
     python build.py web                  assemble dist/web/
 """
 
@@ -72,19 +72,28 @@ def ensure_apt_packages(packages: tuple[str, ...] = TEST_APT_PACKAGES) -> None:
 
 
 def _requirement_met(requirement: str) -> bool:
-    """True when a plain `name` or `name==version` requirement is installed (others: False,
-    so that pip decides)."""
+    """True when a plain `name`, `name==version` or `name>=version` requirement is installed
+    (others, or `>=` without the `packaging` module: False, so that pip decides)."""
     import importlib.metadata as md
     import re
 
-    match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*(?:==\s*([A-Za-z0-9_.\-]+))?\s*", requirement)
+    match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*(?:(==|>=)\s*([A-Za-z0-9_.\-]+))?\s*",
+                         requirement)
     if not match:
         return False
     try:
         installed = md.version(match[1])
     except md.PackageNotFoundError:
         return False
-    return match[2] is None or installed.split("+")[0] == match[2]
+    if match[2] is None:
+        return True
+    if match[2] == "==":
+        return installed.split("+")[0] == match[3]
+    try:
+        from packaging.version import Version
+    except ImportError:
+        return False
+    return Version(installed) >= Version(match[3])
 
 
 def _python_test_deps_met() -> bool:
@@ -99,13 +108,27 @@ def _python_test_deps_met() -> bool:
         return (bool(direct.get("dir_info", {}).get("editable")) and url.scheme == "file"
                 and Path(unquote(url.path)).resolve() == ROOT)
 
-    # (an in-tree tensorgrad.egg-info is also a "distribution": look for the installed one)
-    if not any(editable_here(d) for d in md.distributions(name="tensorgrad")):
-        return False
+    # (an in-tree *.egg-info is also a "distribution": look for the installed one)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    if not any(editable_here(d) for d in md.distributions(name=project["name"])):
+        return False
     requirements = [*project.get("dependencies", []),
                     *project.get("optional-dependencies", {}).get("test", [])]
     return all(_requirement_met(r) for r in requirements)
+
+
+def _uninstall_old_editable() -> None:
+    """Uninstall an editable install of this project made under its old distribution name,
+    `tensorgrad` (before 0.1.0 took `tensorgrad-webgpu`): its import finder would still map
+    `tensorgrad` to whichever checkout made it. A non-editable `tensorgrad` (PyPI's
+    tensor-network library) is left alone."""
+    import importlib.metadata as md
+
+    for dist in md.distributions(name="tensorgrad"):
+        if json.loads(dist.read_text("direct_url.json") or "{}").get("dir_info", {}).get(
+                "editable"):
+            run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", "tensorgrad"])
+            return
 
 
 def install_test_deps() -> None:
@@ -115,6 +138,7 @@ def install_test_deps() -> None:
     apt-get run."""
     ensure_apt_packages()
     if not _python_test_deps_met():
+        _uninstall_old_editable()
         run([sys.executable, "-m", "pip", "install", "-q", "-e", ".[test]"], cwd=ROOT)
     install_browser_deps()  # npm packages (the Pyodide core) and Chromium
 
@@ -202,26 +226,61 @@ def install_browser_deps() -> None:
     ensure_chromium()
 
 
-def build_wheel() -> Path:
-    """Write the pure-Python wheel dist/tensorgrad-<ver>-py3-none-any.whl (zipfile, offline)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    name, version = project["name"], project["version"]
-    dist_info = f"{name}-{version}.dist-info"
-    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
-            f"Summary: {project.get('description', '')}",
-            f"Requires-Python: {project.get('requires-python', '>=3.11')}"]
+PACKAGE = "tensorgrad"  # the import name; the distribution name is pyproject's project.name
+
+
+def project_table() -> dict[str, Any]:
+    """pyproject.toml's [project] table."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def wheel_stem(project: dict[str, Any]) -> str:
+    """`name-version` as wheel and dist-info names spell it: the name normalized with runs of
+    '-', '_', '.' as one '_' (tensorgrad-webgpu -> tensorgrad_webgpu), as pip and setuptools do."""
+    import re
+
+    return f"{re.sub(r'[-_.]+', '_', project['name']).lower()}-{project['version']}"
+
+
+def wheel_metadata(project: dict[str, Any]) -> str:
+    """The wheel's METADATA (core metadata 2.4) from pyproject's [project]: the fields
+    setuptools writes, less the long description (the README: the browser fetches this wheel,
+    and tests/unit/test_package.py checks the two builds agree)."""
+    meta = ["Metadata-Version: 2.4", f"Name: {project['name']}",
+            f"Version: {project['version']}", f"Summary: {project.get('description', '')}"]
+    meta += [f"Author: {a['name']}" for a in project.get("authors", []) if "name" in a]
+    if "license" in project:
+        meta.append(f"License-Expression: {project['license']}")
+    meta += [f"Project-URL: {k}, {v}" for k, v in project.get("urls", {}).items()]
+    if project.get("keywords"):
+        meta.append(f"Keywords: {','.join(project['keywords'])}")
+    meta += [f"Classifier: {c}" for c in project.get("classifiers", [])]
+    meta.append(f"Requires-Python: {project.get('requires-python', '>=3.11')}")
+    meta += [f"License-File: {f}" for f in project.get("license-files", [])]
     meta += [f"Requires-Dist: {dep}" for dep in project.get("dependencies", [])]
     for extra, deps in project.get("optional-dependencies", {}).items():
         meta.append(f"Provides-Extra: {extra}")
         meta += [f'Requires-Dist: {dep}; extra == "{extra}"' for dep in deps]
+    return "\n".join(meta) + "\n"
+
+
+def build_wheel() -> Path:
+    """Write the pure-Python wheel dist/tensorgrad_webgpu-<ver>-py3-none-any.whl (zipfile,
+    offline, reproducible): every file of tensorgrad/ and the license files (the same files
+    as setuptools' wheel of pyproject.toml)."""
+    project = project_table()
+    stem = wheel_stem(project)
+    dist_info = f"{stem}.dist-info"
     files: dict[str, bytes] = {}
-    for path in sorted((ROOT / name).rglob("*")):
+    for path in sorted((ROOT / PACKAGE).rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
             files[path.relative_to(ROOT).as_posix()] = path.read_bytes()
-    files[f"{dist_info}/METADATA"] = ("\n".join(meta) + "\n").encode()
+    for name in project.get("license-files", []):
+        files[f"{dist_info}/licenses/{name}"] = (ROOT / name).read_bytes()
+    files[f"{dist_info}/METADATA"] = wheel_metadata(project).encode()
     files[f"{dist_info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: tensorgrad build.py\n"
                                    b"Root-Is-Purelib: true\nTag: py3-none-any\n")
-    files[f"{dist_info}/top_level.txt"] = f"{name}\n".encode()
+    files[f"{dist_info}/top_level.txt"] = f"{PACKAGE}\n".encode()
     record = []
     for arc, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -230,7 +289,7 @@ def build_wheel() -> Path:
     files[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
 
     DIST.mkdir(exist_ok=True)
-    out = DIST / f"{name}-{version}-py3-none-any.whl"
+    out = DIST / f"{stem}-py3-none-any.whl"
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
         for arc, data in files.items():
@@ -504,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other config entry of the demo (repeatable), e.g. --set every=50")
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("wheel", help="build dist/tensorgrad-*.whl")
+    p = sub.add_parser("wheel", help="build dist/tensorgrad_webgpu-*.whl")
     p.set_defaults(func=cmd_wheel)
     p = sub.add_parser("web", help="assemble dist/web/")
     p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)

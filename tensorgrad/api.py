@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from . import describe
 from .compiler import Options, Request, compile_graph
 from .errors import AbortError, ShapeError
 from .flight import CallQueue
@@ -203,6 +204,23 @@ class Training(_Runner):
     def step_count(self) -> int:
         return self._t
 
+    def __repr__(self) -> str:
+        """One line: the model, params, inputs, optimizer, kernels, step count, device, state
+        (never a buffer's contents)."""
+        inputs = describe.mapping({n: describe.shape(d.shape, d.dtype)
+                                   for n, d in self._decls.items()})
+        model = type(getattr(self, "_model", None)).__name__
+        if self._destroyed or self._store is None:
+            return (f"<tg.Training of {model}: destroyed after {describe.count(self._t, 'step')}"
+                    f", inputs {inputs}>")
+        optimizer = f"{type(self._optimizer).__name__}(lr={self._lr!r})"
+        return (f"<tg.Training of {model}: {describe.count(self.param_count, 'param')} in "
+                f"{describe.count(len(self.param_names), 'tensor')}, inputs {inputs}, "
+                f"{optimizer}, {describe.count(self.kernel_count, 'kernel')}, peak "
+                f"{describe.byte_size(self.peak_bytes)}, {describe.count(self._t, 'step')} "
+                f"done, on {describe.device(self.device)}, "
+                f"{describe.count(len(self._children), 'attached forward')}>")
+
     # -- steps ---------------------------------------------------------------------------
     def step(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
         """One forward + backward + optimizer update (await it). Returns Completed(loss,
@@ -329,8 +347,10 @@ class Training(_Runner):
 
     async def attach(self, forward: Callable[..., Any], inputs: Mapping[str, Any],
                      output: str = "f32", max_cached_shapes: int = 8) -> Forward:
-        """A forward graph sharing this training's param buffers. One input dim may be None
-        (resolved from the data, compiled per size on first use)."""
+        """A forward graph sharing this training's param buffers; its runs take their turn
+        with the steps. `inputs` may leave one dim per input as None, the same size for all
+        (``{"x": (None, 1)}``): each run resolves it from the data (length / the other dims)
+        and a new size is compiled on first use, the last `max_cached_shapes` kept."""
         self._live_exe()
         child = Forward(self.device, forward, inputs, output, max_cached_shapes,
                         self._chunk_size, owner=self, fuse=self._fuse)
@@ -416,6 +436,27 @@ class Forward(_Runner):
     def param_count(self) -> int:
         """How many parameter values the model has (sum of the param sizes)."""
         return sum(s.size for s in self._store.specs.values())
+
+    def __repr__(self) -> str:
+        """One line: the model, params, inputs (None dims as None), output dtype, the shapes
+        compiled so far and their kernels, the device, attached or standalone, state."""
+        decls = normalize_inputs(self._input_decls)
+        inputs = describe.mapping({n: describe.shape(d.shape, d.dtype) for n, d in decls.items()})
+        model = type(self._model).__name__ if self._model is not None else "?"
+        owner = "attached to a tg.Training" if self._owner else "standalone"
+        if self._destroyed:
+            return f"<tg.Forward of {model}: destroyed, inputs {inputs}, {owner}>"
+        compiled = [", ".join(f"{n}: {list(s)}" for n, (s, _) in typed.items()) + "; "
+                    + describe.count(exe.kernel_count, "kernel")
+                    for exe, typed in self._cache.values()]
+        shapes = (describe.count(len(compiled), "shape") + " compiled (" +
+                  " | ".join(compiled) + ")" if compiled else "no shape compiled yet")
+        try:
+            params = describe.count(self.param_count, "param")
+        except RuntimeError:  # an attached forward whose training was destroyed
+            params = "params gone (its training was destroyed)"
+        return (f"<tg.Forward of {model}: {params}, inputs {inputs} -> {self._output}, "
+                f"{shapes}, on {describe.device(self.device)}, {owner}>")
 
     def _invalidate(self) -> None:
         self._generation += 1
@@ -509,7 +550,9 @@ async def compile(*, model: Module, loss: Callable[..., Any], inputs: Mapping[st
     """Trace `loss(model, **inputs)`, derive gradients, append `optimizer` and compile the
     whole training step for `device` (default: navigator.gpu in Pyodide, wgpu natively).
 
-    `inputs`: {name: shape} (f32) or {name: (shape, "i32")}. `chunk_size`: most compute
+    `inputs`: {name: shape} (f32) or {name: (shape, "i32")}, every dim given: the step is
+    compiled for those shapes (a None dim raises, naming the forward calls that take one:
+    ``train.attach(forward=..., inputs={"x": (None, 1)})``). `chunk_size`: most compute
     passes per GPU submission (0: one submission per step). `fuse`: inline chains of
     elementwise ops into single kernels (fewer dispatches, less memory traffic). Mistakes in the model raise
     here (ShapeError / TraceError); `step` itself never raises."""
@@ -526,7 +569,10 @@ async def compile_forward(*, model: Module, forward: Callable[..., Any],
                           device: GPUDevice | None = None, seed: int | None = None,
                           max_cached_shapes: int = 8,
                           chunk_size: int = DEFAULT_CHUNK_SIZE, fuse: bool = True) -> Forward:
-    """A standalone forward executor with its own params (initialised from `seed`)."""
+    """A standalone forward executor with its own params (initialised from `seed`; load
+    trained ones with `upload_params`). `inputs` may leave one dim per input as None
+    (``{"x": (None, 1)}``): resolved from each run's data, each size compiled on first use
+    and the last `max_cached_shapes` kept, as for :meth:`Training.attach`."""
     device = device or await default_device()
     seed = random_seed() if seed is None else int(seed)
     store = ParamStore(device, model.named_params(), seed)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import describe
 from .autograd import append_grad
 from .codegen.kernel import Kernel, Target, emit_graph
 from .errors import ShapeError, TraceError
@@ -137,6 +138,29 @@ class Compilation:
 
     def __str__(self) -> str:
         return str(self.graph)
+
+    def __repr__(self) -> str:
+        """One line: what was compiled, the stages done, node, param and input counts and
+        shapes, the kernels and the plan's peak once there (``print()`` shows the IR)."""
+        r = self.request
+        what = "training step" if self.training else "forward graph"
+        stage = f"after {self.done[-1]!r}" if self.done else "before tracing"
+        params = sum(s.size for s in self.params.values())
+        inputs = describe.mapping({n: describe.shape(d.shape, d.dtype)
+                                   for n, d in self.inputs.items()})
+        parts = [describe.count(len(self.graph.nodes), "node"),
+                 f"{describe.count(len(self.params), 'param')} ({params:,} values)",
+                 f"inputs {inputs}", f"{'loss' if self.training else 'output'} %{self.output}"]
+        if self.training:
+            parts.append(describe.count(len(self.grads), "gradient"))
+        if self.kernels:
+            parts.append(describe.count(sum(1 for k in self.kernels if k.threads > 0), "kernel"))
+        if self.plan is not None:
+            parts.append(f"peak {describe.byte_size(self.plan.peak_bytes)}")
+        if self.executable is not None:
+            parts.append(f"built on {describe.device(self.executable.device)}")
+        return f"<Compilation of a {what} of {type(r.model).__name__}, {stage}: " + \
+            ", ".join(parts) + ">"
 
 
 # ---- the stages ------------------------------------------------------------------------------
@@ -261,7 +285,8 @@ def trace_forward(model: Module, forward: Callable[..., Tensor],
                   inputs: Mapping[str, Any]) -> Compilation:
     """Trace `forward(model, **inputs)` after dead-code elimination (no device needed).
 
-    Input dims must be concrete (resolve None dims with
-    :func:`tensorgrad.trace.resolve_shapes` first)."""
+    Input dims must be concrete: this traces one shape. For inputs of any size at run time,
+    ``train.attach(forward=..., inputs={"x": (None, 1)})`` or ``tg.compile_forward`` take a
+    None dim, resolve it from each run's data and compile each size on first use."""
     return compile_graph(Request("forward", model, forward, inputs), Options(),
                          until="passes after autograd")

@@ -94,6 +94,14 @@ class Graph:
                 users[i].append(n.id)
         return users
 
+    def __repr__(self) -> str:
+        """One line of counts (``print()`` / ``str()`` give the whole IR)."""
+        captures = ", ".join(f"{k}=%{v}" for k, v in self.captures.items())
+        return (f"<Graph: {len(self.nodes)} nodes, {len(self.inputs)} inputs, "
+                f"{len(self.params)} params, {len(self.states)} states, outputs "
+                f"{', '.join(f'%{i}' for i in self.outputs) or 'none'}"
+                + (f", captures {captures}" if captures else "") + ">")
+
     def __str__(self) -> str:
         lines = [n.describe() for n in self.nodes]
         lines.append("outputs: " + ", ".join(f"%{i}" for i in self.outputs))

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import describe
+
 
 class Captures(dict):
     """Captured tensors of one step or run, by name: {name: array}."""
@@ -23,6 +25,11 @@ class Captures(dict):
     def names(self) -> list[str]:
         return sorted(self)
 
+    def __repr__(self) -> str:
+        """``Captures({pred: f32[2, 2]})``: names with dtype and shape, never the values of a
+        big array."""
+        return f"Captures({describe.arrays(self)})"
+
 
 @dataclass(frozen=True)
 class Completed:
@@ -33,12 +40,27 @@ class Completed:
     captures: Captures = field(default_factory=Captures)
     kind: Literal["completed"] = "completed"
 
+    def __repr__(self) -> str:
+        """``Completed(loss=0.00912)`` for a step, ``Completed(output=f32[1, 1] [0.4794])`` for a
+        run; captures by name, dtype and shape."""
+        parts = []
+        if self.loss is not None:
+            parts.append(f"loss={self.loss:.6g}")
+        if self.output is not None:
+            parts.append(f"output={describe.array(self.output)}")
+        if self.captures:
+            parts.append(f"captures={describe.arrays(self.captures)}")
+        return f"Completed({', '.join(parts)})"
+
 
 @dataclass(frozen=True)
 class Aborted:
     """The graph was replaced (`replace_model`) or destroyed while the call was pending."""
 
     kind: Literal["aborted"] = "aborted"
+
+    def __repr__(self) -> str:
+        return "Aborted()"
 
 
 @dataclass(frozen=True)
@@ -51,6 +73,10 @@ class Failed:
     @property
     def message(self) -> str:
         return str(self.error)
+
+    def __repr__(self) -> str:
+        """``Failed(error=ShapeError('step: input ...'))``, a very long message cut short."""
+        return f"Failed(error={type(self.error).__name__}({describe.clip(self.message)!r}))"
 
 
 Result = Completed | Aborted | Failed

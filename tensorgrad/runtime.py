@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import describe
 from .codegen.kernel import Kernel, dispatch_size
 from .codegen.program import is_core
 from .errors import AbortError, PlanError, ShapeError
@@ -190,6 +191,15 @@ class Executable:
     @property
     def kernel_count(self) -> int:
         return sum(1 for k in self.kernels if k.threads > 0)
+
+    def __repr__(self) -> str:
+        """One line: inputs, kernels, nodes, peak bytes, device, state (no buffers, no WGSL)."""
+        inputs = describe.mapping({n: describe.shape(node.shape, node.dtype)
+                                   for n, node in self.inputs.items()})
+        return (f"<Executable: inputs {inputs}, {describe.count(self.kernel_count, 'kernel')}, "
+                f"{describe.count(len(self.graph.nodes), 'node')}, peak "
+                f"{describe.byte_size(self.plan.peak_bytes)}, on {describe.device(self.device)}, "
+                f"{'destroyed' if self.destroyed else 'live'}>")
 
     def buffer_of(self, node_id: int) -> Any:
         """What holds node `node_id`: its buffer, or the slice of an arena or of a shared

@@ -84,15 +84,27 @@ def _decl(name: Any, raw: Any, wildcards: bool, op: str) -> InputDecl:
                              f"{' (or one None)' if wildcards else ''}, got {list(shape)}")
     wild = sum(d is None for d in shape)
     if wild and not wildcards:
-        raise ShapeError(op, f"input '{name}' has an unresolved None dim in {list(shape)}: "
-                         "training inputs must be fully concrete"
-                         if op == "trace" else
-                         f"input '{name}' has an unresolved None dim in {list(shape)}; "
-                         "resolve it from the data first with resolve_shapes(decls, arrays)")
+        raise ShapeError(op, _none_dim_message(name, shape, dtype, op))
     if wild > 1:
         raise ShapeError(op, f"input '{name}': at most one None dim per input, got "
                          f"{list(shape)}")
     return InputDecl(name, tuple(shape), dtype)
+
+
+def _none_dim_message(name: str, shape: Sequence[Any], dtype: str, op: str) -> str:
+    """Why a None dim is refused here, and the public calls that take one."""
+    free = f"{{'{name}': {tuple(shape)!r}}}" if dtype == "f32" else \
+        f"{{'{name}': ({tuple(shape)!r}, '{dtype}')}}"
+    if op == "trace_forward":
+        lead = "trace_forward traces one concrete shape: give every dim"
+    else:
+        lead = ("training inputs must be fully concrete (a training step is compiled for one "
+                "shape: declare the batch size you train with)")
+    return (f"input '{name}' has an unresolved None dim in {list(shape)}: {lead}. None dims "
+            "are for inference graphs, which resolve them from the data and compile once per "
+            f"size: predict = await train.attach(forward=..., inputs={free}) shares the "
+            f"training's params, or await tg.compile_forward(model=..., forward=..., "
+            f"inputs={free})")
 
 
 def normalize_inputs(decls: Mapping[str, Any], wildcards: bool = True,
@@ -222,7 +234,8 @@ def trace_graph(model: Module, fn: Callable[..., Tensor], inputs: Mapping[str, A
                 what: str = "loss") -> TracedGraph:
     """Trace ``fn(model, **inputs)`` (`what`: "loss" or "forward", for messages).
 
-    Every input dim must be concrete (resolve None dims with :func:`resolve_shapes` first)."""
+    Every input dim must be concrete (``train.attach`` and ``tg.compile_forward`` take None
+    dims: they resolve them from the data with :func:`resolve_shapes` and trace each size)."""
     op = "trace" if what == "loss" else "trace_forward"
     decls = normalize_inputs(inputs, wildcards=False, op=op)
     graph = Graph()

@@ -113,21 +113,6 @@ const failed = (err) => ({
   error: err instanceof Error ? err : remoteError(err),
 });
 
-/** Captured tensors of one step or run, by name. */
-export class Captures {
-  constructor(data = {}, shapes = {}) {
-    this._data = data;
-    this._shapes = shapes;
-  }
-  has(name) { return name in this._data; }
-  names() { return Object.keys(this._data).sort(); }
-  get(name) {
-    if (!this.has(name)) throw new Error(`no capture '${name}' (known: ${this.names().join(", ")})`);
-    return this._data[name];
-  }
-  shape(name) { this.get(name); return this._shapes[name]; }
-}
-
 /** One worker: Pyodide with tensorgrad, a namespace, compiled graphs. */
 export class Session {
   constructor(worker) {
@@ -246,11 +231,14 @@ export class Session {
   }
 }
 
+// A step or run result, plain fields as the worker sends them (console.log and JSON show
+// them as they are): {kind: "completed", loss | output + outputShape, captures: {name:
+// Float32Array | Int32Array}, captureShapes: {name: dims}}, {kind: "aborted"}, or
+// {kind: "failed", error} with `error` an Error carrying the Python name and traceback.
 async function resultOf(promise) {
   try {
     const r = await promise;
-    if (r.kind !== "completed") return r.kind === "failed" ? failed(r.error) : r;
-    return { ...r, captures: new Captures(r.captures, r.captureShapes) };
+    return r.kind === "failed" ? failed(r.error) : r;
   } catch (err) {
     return failed(err);
   }
@@ -271,7 +259,8 @@ export class Forward {
   }
 
   /** Run the forward on `inputs`, a record {name: typed array} (transferred). Resolves
-   *  {kind: "completed", output, outputShape, captures} | aborted | failed. */
+   *  {kind: "completed", output, outputShape, captures, captureShapes} | aborted | failed
+   *  (see resultOf). */
   run(inputs) {
     return resultOf(this.session.request("run", { graphId: this.graphId, inputs },
                                          { transfer: buffersOf(inputs) }));
@@ -302,7 +291,8 @@ export class Train extends Forward {
   }
 
   /** One training step; `inputs`, a record {name: Float32Array | Int32Array}, are transferred.
-   *  Resolves {kind: "completed", loss, captures} | {kind: "aborted"} | {kind: "failed", error}. */
+   *  Resolves {kind: "completed", loss, captures: {name: typed array}, captureShapes} |
+   *  {kind: "aborted"} | {kind: "failed", error}. */
   step(inputs) {
     return resultOf(this.session.request("step", { graphId: this.graphId, inputs },
                                          { transfer: buffersOf(inputs) }));

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import describe
 from ..errors import ShapeError
 from ..ir import Graph, Node
 from ..module import Module
@@ -89,6 +90,18 @@ class TorchExport:
     size_name: str | None = None       # the name of the None dim in the source (e.g. "B")
     path: Path | None = None
     weights_path: Path | None = None
+
+    def __repr__(self) -> str:
+        """One line: the class, inputs and output with dtype and shape (the size name for a
+        None dim), how many params, source lines and weight bytes, where they were written;
+        never the weights or the source themselves (``print(ex.source)`` shows the code)."""
+        inputs = describe.mapping({n: describe.shape(s, d) for n, (s, d) in self.inputs.items()})
+        where = f", written to {str(self.path)!r}" if self.path is not None else ", not saved"
+        return (f"<TorchExport {self.class_name}: inputs {inputs} -> "
+                f"{describe.shape(self.output_shape, self.output_dtype)}, "
+                f"{describe.count(len(self.param_names), 'param tensor')}, source "
+                f"{describe.count(self.source.count(chr(10)) + 1, 'line')}, weights "
+                f"{describe.byte_size(len(self.weights))} (safetensors){where}>")
 
     def save(self, path: str | Path, weights_path: str | Path | None = None) -> TorchExport:
         """Write the source to `path` and the weights beside it (suffix ``.safetensors``)."""

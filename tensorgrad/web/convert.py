@@ -7,12 +7,15 @@ memoryviews). Outside Pyodide only :func:`plain` and :func:`flat_buffer` apply.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
 from ..gpu import in_pyodide
+from ..results import Aborted, Completed, Failed
 
-__all__ = ["flat_buffer", "from_js", "is_js", "plain", "to_js_value", "typed_array_name"]
+__all__ = ["error_info", "flat_buffer", "from_js", "is_js", "plain", "result_message",
+           "to_js_value", "typed_array_name"]
 
 # Buffer formats Pyodide turns into typed arrays (Float32Array, Int32Array, ...): item sizes.
 _TYPED_ARRAY_FORMATS = {"f": 4, "d": 8, "i": 4, "I": 4, "l": 4, "L": 4, "h": 2, "H": 2,
@@ -75,13 +78,48 @@ def _is_buffer(value: Any) -> bool:
     return True
 
 
+def error_info(exc: BaseException) -> dict[str, str]:
+    """``{name, message, traceback}`` of an exception, the full formatted traceback included."""
+    return {"name": type(exc).__name__, "message": str(exc),
+            "traceback": "".join(traceback.format_exception(exc))}
+
+
+def _array_fields(value: Any) -> tuple[memoryview, list[int]]:
+    mv = value if isinstance(value, memoryview) else memoryview(value)
+    return flat_buffer(mv), list(mv.shape)
+
+
+def result_message(result: Completed | Aborted | Failed) -> dict[str, Any]:
+    """A step or run result as the page sees it, plain fields only: ``{kind: "completed",
+    loss | output + outputShape, captures: {name: typed array}, captureShapes: {name:
+    dims}}``, ``{kind: "aborted"}`` or ``{kind: "failed", error: {name, message,
+    traceback}}``."""
+    if isinstance(result, Aborted):
+        return {"kind": "aborted"}
+    if isinstance(result, Failed):
+        return {"kind": "failed", "error": error_info(result.error)}
+    captures: dict[str, memoryview] = {}
+    shapes: dict[str, list[int]] = {}
+    for name, value in result.captures.items():
+        captures[name], shapes[name] = _array_fields(value)
+    reply: dict[str, Any] = {"kind": "completed", "captures": captures, "captureShapes": shapes}
+    if result.loss is not None:
+        reply["loss"] = float(result.loss)
+    if result.output is not None:
+        reply["output"], reply["outputShape"] = _array_fields(result.output)
+    return reply
+
+
 def plain(value: Any) -> Any:
     """`value` made sendable: buffers flattened (they become typed arrays), containers made
-    plain dicts and lists. Raises TypeError for anything the page cannot receive."""
+    plain dicts and lists, step/run results their :func:`result_message`. Raises TypeError
+    for anything the page cannot receive."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if is_js(value):
         return value
+    if isinstance(value, (Completed, Aborted, Failed)):
+        return plain(result_message(value))
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

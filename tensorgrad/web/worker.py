@@ -22,7 +22,6 @@ import inspect
 import itertools
 import linecache
 import sys
-import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +31,7 @@ from .. import lr as lr_mod
 from ..api import Forward, Training
 from ..errors import AbortError, ProtocolError
 from ..gpu import in_pyodide
-from .convert import flat_buffer, from_js, plain, to_js_value
+from .convert import error_info, flat_buffer, from_js, plain, result_message, to_js_value
 from .protocol import MESSAGES, check_payload
 from .script import current_request
 
@@ -107,12 +106,6 @@ SESSION = Session()
 
 
 # -- the loop ---------------------------------------------------------------------------------
-def error_info(exc: BaseException) -> dict[str, str]:
-    """``{name, message, traceback}`` of an exception, the full formatted traceback included."""
-    return {"name": type(exc).__name__, "message": str(exc),
-            "traceback": "".join(traceback.format_exception(exc))}
-
-
 async def dispatch(message: Any, session: Session = SESSION) -> dict[str, Any]:
     """Run the handler for one message; the reply as a Python dict."""
     request_id = message.get("id") if isinstance(message, Mapping) else None
@@ -253,31 +246,6 @@ def _graph_info(obj: Training | Forward) -> dict[str, Any]:
     return info
 
 
-def _captures(captures: Any) -> tuple[dict[str, memoryview], dict[str, list[int]]]:
-    """Captured tensors as flat buffers (sent as typed arrays) and their shapes."""
-    data, shapes = {}, {}
-    for name, value in captures.items():
-        mv = memoryview(value)
-        data[name], shapes[name] = flat_buffer(mv), list(mv.shape)
-    return data, shapes
-
-
-def _result(res: Any, output: str) -> dict[str, Any]:
-    """A step/run result as the page receives it."""
-    if res.kind == "aborted":
-        return {"kind": "aborted"}
-    if res.kind == "failed":
-        return {"kind": "failed", "error": error_info(res.error)}
-    captures, shapes = _captures(res.captures)
-    reply: dict[str, Any] = {"kind": "completed", "captures": captures, "captureShapes": shapes}
-    if output == "loss":
-        reply["loss"] = float(res.loss)
-    else:
-        mv = memoryview(res.output)
-        reply["output"], reply["outputShape"] = flat_buffer(mv), list(mv.shape)
-    return reply
-
-
 @handler("compile")
 async def _compile(payload: dict[str, Any], session: Session) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
@@ -290,8 +258,9 @@ async def _compile(payload: dict[str, Any], session: Session) -> dict[str, Any]:
     return {"graphId": session.add_graph(Graph(train)), **_graph_info(train)}
 
 
-async def _step_or_run(payload: dict[str, Any], session: Session, method: str, output: str
+async def _step_or_run(payload: dict[str, Any], session: Session, method: str
                        ) -> dict[str, Any]:
+    """The graph's step or run; the result as the page sees it (:func:`result_message`)."""
     try:
         graph = session.graph(payload["graphId"])
         inputs = dict(payload["inputs"])
@@ -301,17 +270,17 @@ async def _step_or_run(payload: dict[str, Any], session: Session, method: str, o
             res = await getattr(graph.obj, method)(**inputs)
     except AbortError:
         return {"kind": "aborted"}
-    return _result(res, output)
+    return result_message(res)
 
 
 @handler("step")
 async def _step(payload: dict[str, Any], session: Session) -> dict[str, Any]:
-    return await _step_or_run(payload, session, "step", "loss")
+    return await _step_or_run(payload, session, "step")
 
 
 @handler("run")
 async def _run(payload: dict[str, Any], session: Session) -> dict[str, Any]:
-    return await _step_or_run(payload, session, "run", "output")
+    return await _step_or_run(payload, session, "run")
 
 
 @handler("attach")

@@ -24,7 +24,7 @@ WHERE = """{
   "random": random.random(),
   "cached": tensorgrad.api.__cached__,
   "cached_exists": os.path.exists(tensorgrad.api.__cached__),
-  "version": importlib.metadata.version("tensorgrad"),
+  "version": importlib.metadata.version("tensorgrad-webgpu"),
   "micropip": "micropip" in sys.modules,
   "export_loaded": "tensorgrad.export" in sys.modules,
   "stdlib_pyc": "asyncio/base_events.pyc" in zipfile.ZipFile(
@@ -98,7 +98,8 @@ def test_ready_restores_the_snapshot_and_unpacks_the_wheel(tg: Page, web_url: st
     check_unpacked(ready, where(tg), web_url)
     # What the restore puts back: Pyodide's record of site-packages, a language, one "" on
     # sys.path.
-    assert tg.exec_json("__import__('pyodide_js').loadedPackages.tensorgrad") == "Unknown"
+    assert tg.exec_json("__import__('pyodide_js').loadedPackages.to_py()") == {
+        "tensorgrad-webgpu": "Unknown"}  # the distribution's name (the wheel's metadata)
     assert tg.exec_json("__import__('sys').path.count('')") == 1
     assert tg.exec_json("__import__('os').environ['LANG'].endswith('.UTF-8')") is True
 

@@ -240,10 +240,10 @@ STEP = """async ({ W, B, X, Y }) => {
   const x = Float32Array.from(X), y = Int32Array.from(Y);
   const r = await net.step({ x, y });
   if (r.kind !== "completed") return { kind: r.kind, error: r.error?.message };
-  const pred = r.captures.get("pred");
+  const pred = r.captures.pred;
   return { kind: r.kind, loss: r.loss, xDetached: x.byteLength === 0,
-           yDetached: y.byteLength === 0, names: r.captures.names(), pred: Array.from(pred),
-           type: pred.constructor.name, shape: r.captures.shape("pred") };
+           yDetached: y.byteLength === 0, names: Object.keys(r.captures), pred: Array.from(pred),
+           type: pred.constructor.name, shape: r.captureShapes.pred };
 }"""
 
 
@@ -257,6 +257,68 @@ def test_step_transfers_inputs_and_returns_loss_and_captures(net: Page) -> None:
     sq = [(p - (1.0 if Y[r] == j else 0.0)) ** 2 for r, row in enumerate(pred)
           for j, p in enumerate(row)]
     assert out["loss"] == pytest.approx(sum(sq) / 4, rel=1e-6)
+
+
+# What a page sees of a step and a run result, as console.log or JSON.stringify show it: plain
+# objects with own fields only (no class wrapping the captures), typed arrays for the data.
+RESULT_FIELDS = """async () => {
+  const fields = (r) => ({
+    keys: Object.keys(r).sort(),
+    plain: [r, r.captures, r.captureShapes].every((o) => Object.getPrototypeOf(o) === Object.prototype),
+    captures: Object.fromEntries(Object.entries(r.captures).map(([k, v]) => [k, v.constructor.name])),
+    json: JSON.parse(JSON.stringify({ ...r, captures: Object.keys(r.captures) })),
+    cloned: Object.keys(structuredClone(r)).sort(),
+  });
+  const step = await net.step({ x: new Float32Array(8), y: new Int32Array([1, 0]) });
+  const predict = await net.attach({ forward: "wk_predict", inputs: { x: [null, 4] } });
+  const run = await predict.run({ x: new Float32Array(12) });
+  const out = { step: fields(step), run: fields(run), output: run.output.constructor.name };
+  await predict.destroy();
+  return out;
+}"""
+
+
+def test_step_and_run_results_are_plain_fields_on_the_page(net: Page) -> None:
+    """A result is {kind, loss | output + outputShape, captures: {name: typed array},
+    captureShapes}: console.log showed `captures: {_data: {}, _shapes: {}}` before."""
+    out = net.js(RESULT_FIELDS)
+    step, run = out["step"], out["run"]
+    assert step["keys"] == ["captureShapes", "captures", "kind", "loss"], step
+    assert step["plain"] and step["captures"] == {"pred": "Float32Array"}, step
+    assert step["json"]["captureShapes"] == {"pred": [2, 2]} and step["json"]["kind"] == "completed"
+    assert step["cloned"] == step["keys"]
+    assert run["keys"] == ["captureShapes", "captures", "kind", "output", "outputShape"], run
+    assert run["plain"] and run["captures"] == {} and out["output"] == "Float32Array", out
+    assert run["json"]["outputShape"] == [3, 2], run
+
+
+def test_a_script_posts_step_and_run_results_as_plain_fields(net: Page) -> None:
+    """tensorgrad.web.post(result) and a script's returned result arrive as the same plain
+    fields as step()/run() replies (they raised TypeError / came back as a repr before)."""
+    src = """
+import tensorgrad as tg
+from tensorgrad.web import post
+import tensorgrad.web.worker as loop
+
+async def main():
+    train = loop.SESSION.graphs[GRAPH].obj
+    post(await train.step(x=[0.0] * 8, y=[1, 0]))
+    post(await train.step(x=[0.0] * 3, y=[1, 0]))
+    return tg.Aborted()
+"""
+    out = net.js("""async (src) => {
+      const posts = [];
+      const result = await session.runScript(src, { onPost: (d) => posts.push(d) });
+      return { result, posts: posts.map((p) => ({ keys: Object.keys(p).sort(),
+               pred: p.captures?.pred?.constructor.name, shape: p.captureShapes?.pred,
+               error: p.error && { name: p.error.name, message: p.error.message } })) };
+    }""", f"GRAPH = {net.info['graphId']}\n{src}")
+    ok, bad = out["posts"]
+    assert ok == {"keys": ["captureShapes", "captures", "kind", "loss"], "pred": "Float32Array",
+                  "shape": [2, 2], "error": None}, ok
+    assert bad["keys"] == ["error", "kind"] and bad["error"]["name"] == "ShapeError", bad
+    assert "'x'" in bad["error"]["message"], bad
+    assert out["result"] == {"kind": "aborted"}
 
 
 NEVER_REJECTS = """async () => {

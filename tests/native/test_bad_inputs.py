@@ -288,3 +288,29 @@ def test_a_tensor_over_the_device_limit_fails_at_compile(gpu_device) -> None:
                              optimizer=tg.optim.Adam(lr=0.1), device=gpu_device)
 
     run(go())
+
+
+def test_a_none_dim_in_compile_names_the_public_calls_that_take_one(gpu_device) -> None:
+    """tg.compile needs concrete shapes; its error shows the forward calls that take a None
+    dim, with the user's own declaration (it named the private resolve_shapes before), and
+    the call it shows works."""
+    async def go() -> None:
+        with pytest.raises(ShapeError, match=re.escape(
+                "compile: input 'x' has an unresolved None dim in [None, 2]: training inputs "
+                "must be fully concrete (a training step is compiled for one shape: declare "
+                "the batch size you train with). None dims are for inference graphs, which "
+                "resolve them from the data and compile once per size: predict = await "
+                "train.attach(forward=..., inputs={'x': (None, 2)}) shares the training's "
+                "params, or await tg.compile_forward(model=..., forward=..., "
+                "inputs={'x': (None, 2)})")):
+            await tg.compile(model=TinyMLP(), loss=lambda m, x, y: tg.mean(m(x) - y),
+                             inputs={"x": (None, 2), "y": (B, 1)},
+                             optimizer=tg.optim.Adam(lr=0.1), device=gpu_device)
+        train = await compile_tiny(gpu_device)
+        forward = await train.attach(forward=predict, inputs={"x": (None, 2)})
+        for n in (1, 7):
+            result = await forward.run(x=np.zeros((n, 2), np.float32))
+            assert result.kind == "completed" and result.output.shape == (n, 1), result
+        train.destroy()
+
+    run(go())

@@ -89,10 +89,19 @@ def test_training_input_with_none_dim():
         tg.trace(Lin(), mse, {"x": (None, 4), "y": (3, 2)}, seed=0)
 
 
-def test_forward_input_with_none_dim_needs_resolving():
+def test_forward_input_with_none_dim_names_the_public_calls_that_take_one():
+    """trace_forward traces one shape; the message names the public calls that take a None
+    dim (it named the private resolve_shapes before)."""
     with pytest.raises(ShapeError, match=r"trace_forward: input 'x' has an unresolved None dim "
-                       r"in \[None, 4\]; resolve it from the data first with resolve_shapes"):
+                       r"in \[None, 4\]: trace_forward traces one concrete shape: give every "
+                       r"dim\. None dims are for inference graphs, .* train\.attach\(forward="
+                       r"\.\.\., inputs=\{'x': \(None, 4\)\}\) .* tg\.compile_forward\("
+                       r"model=\.\.\., forward=\.\.\., inputs=\{'x': \(None, 4\)\}\)"):
         tg.trace_forward(Lin(), lambda m, x: m(x), {"x": (None, 4)})
+    with pytest.raises(ShapeError, match=r"input 'y' has an unresolved None dim in \[None\]: "
+                       r"training inputs must be fully concrete .* inputs=\{'y': \(\(None,\), "
+                       r"'i32'\)\}"):
+        tg.trace(Lin(), mse, {"x": (3, 4), "y": ((None,), "i32")}, seed=0)
 
 
 @pytest.mark.parametrize("decl, message", [
