@@ -257,7 +257,8 @@ class Training(_Runner):
         if not math.isfinite(loss) or not applied:
             what = (f"loss is {loss}" if not math.isfinite(loss) else
                     f"the loss is finite ({loss:.6g}) but a gradient is not")
-            culprit = _non_finite_input(data, {n: d.dtype for n, d in self._decls.items()})
+            culprit = (_non_finite_input(data, {n: d.dtype for n, d in self._decls.items()})
+                       or exe.sentinel_only_input(data))
             return Failed(FloatingPointError(
                 f"{what} at step {t}: the update was skipped, params and optimizer state are "
                 "unchanged" + (f"; {culprit}" if culprit else

@@ -23,7 +23,7 @@ from .hostdata import from_bytes, to_bytes
 from .init import ParamSpec, init_params
 from .ir import Graph, Node
 from .ops.arena import ALIGN, arena_layout
-from .ops.index import input_index_bounds
+from .ops.index import IndexBound, first_rejected, input_index_bounds, sentinel_only
 from .ops.registry import OPS
 
 
@@ -182,7 +182,7 @@ class Executable:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     destroyed: bool = False
     inputs: dict[str, Any] = field(default_factory=dict)  # input name -> node, cached
-    index_bounds: dict[str, tuple[int, str]] = field(default_factory=dict)
+    index_bounds: dict[str, tuple[IndexBound, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.inputs = self.graph.inputs
@@ -206,6 +206,21 @@ class Executable:
         buffer it lies in."""
         return binding(self.buffers, self.plan, self.graph, node_id)
 
+    def sentinel_only_input(self, data: Mapping[str, bytes]) -> str:
+        """Which index input holds nothing but a use's sentinel ("" when none): every target
+        of a cross_entropy or nll_loss equal to its ignore_index, whose 'mean' is then 0/0
+        = nan, as in PyTorch. Looked up only after a failed step."""
+        for name, uses in self.index_bounds.items():
+            if name not in data:
+                continue
+            use = sentinel_only(memoryview(data[name]).cast("i"), uses)
+            if use is not None:
+                return (f"input '{name}' holds only {use.sentinel}, the ignore_index of "
+                        f"{use.what}: a 'mean' over no counted target is 0/0 = nan, as in "
+                        "PyTorch (give each batch a target that is not ignored, or use "
+                        "reduction='sum')")
+        return ""
+
     def leaf_buffer(self, op: str, name: str) -> Any:
         node = self.graph.leaves(op)[name]
         return self.buffer_of(node.id)
@@ -224,7 +239,7 @@ class Executable:
                                  f"{list(node.shape)})")
             data = to_bytes(f"input '{name}'", feeds[name], node.shape, node.dtype)
             if name in self.index_bounds:
-                _check_index_range(name, data, *self.index_bounds[name])
+                _check_index_range(name, data, self.index_bounds[name])
             writes.append((self.buffer_of(node.id), data))
         extra = set(feeds) - set(inputs)
         if extra:
@@ -268,15 +283,16 @@ class Executable:
                 self.device.destroy_buffer(buf)
 
 
-def _check_index_range(name: str, data: memoryview, bound: int, what: str) -> None:
-    """ShapeError naming the first value of i32 `data` outside 0..bound - 1."""
-    values = data.cast("i")
-    if not values or (0 <= min(values) and max(values) < bound):
+def _check_index_range(name: str, data: memoryview, uses: Sequence[IndexBound]) -> None:
+    """ShapeError naming the first value of i32 `data` that one of its index `uses` does not
+    allow (outside 0..bound - 1 and not that use's sentinel)."""
+    found = first_rejected(data.cast("i"), uses)
+    if found is None:
         return
-    k, v = next((k, v) for k, v in enumerate(values) if not 0 <= v < bound)
-    raise ShapeError(f"input '{name}'", f"holds {v} at flat index {k}, outside 0..{bound - 1} "
-                     f"as {what} needs (an index outside it would give an all-zero "
-                     "row and be silently ignored)", site="")
+    k, v, use = found
+    raise ShapeError(f"input '{name}'", f"holds {v} at flat index {k}, outside "
+                     f"{use.expected()} as {use.what} needs (an index outside it would give "
+                     "an all-zero row and be silently ignored)", site="")
 
 
 def binding(buffers: Sequence[Any], plan: Any, graph: Graph, node_id: int) -> Any:

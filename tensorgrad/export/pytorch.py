@@ -617,10 +617,11 @@ TORCH_DTYPES = {"f32": "torch.float32", "i32": "torch.int64", "bool": "torch.boo
 
 HELPERS = {
     "one_hot": '''
-def one_hot(idx, depth, dtype=torch.float32):
+def one_hot(idx, depth, dtype=torch.float32, ignore_index=None):
     """[..., 1] integer indices -> [..., depth]: 1 at the index, 0 elsewhere (an index outside
-    0..depth-1 gives a zero row, as in tensorgrad)."""
-    return (idx == torch.arange(depth, device=idx.device)).to(dtype)
+    0..depth-1, or equal to ignore_index, gives a zero row, as in tensorgrad)."""
+    hot = idx == torch.arange(depth, device=idx.device)
+    return (hot if ignore_index is None else hot & (idx != ignore_index)).to(dtype)
 ''',
     "embedding": '''
 def embedding(table, idx):
@@ -876,8 +877,11 @@ def _t_sum_to(node, at, shape, a, cx):
 @_op("one_hot")
 def _t_one_hot(node, at, shape, a, cx):
     args = [a[0].text, cx.dim(at["depth"])]  # indices [..., 1], as the primitive takes them
-    if node.dtype != "f32":
+    ignore = at.get("ignore_index")  # cross_entropy / nll_loss targets: torch's ignore_index
+    if node.dtype != "f32" or ignore is not None:
         args.append(TORCH_DTYPES[node.dtype])
+    if ignore is not None:
+        args.append(f"ignore_index={ignore}")
     return _fn(cx.helper("one_hot"), *args)
 
 

@@ -4,11 +4,18 @@ take_along_axis).
 `embedding` is a row gather (`gather_rows`) whose backward is a deterministic row scatter-add
 (`scatter_add_rows`); `take_along_axis` is a one-hot product. An index outside the valid
 range selects nothing (a zero row) and receives no gradient instead of failing.
+
+Indices that come straight from an i32 input are checked when a step or run is called
+(:func:`input_index_bounds` says which inputs and what each use allows, an
+:class:`IndexBound`): a value outside 0..bound - 1 fails the call, except a use's sentinel
+(a one-hot's `ignore_index`, which cross_entropy's padding targets use), which that use
+turns into a zero row on purpose.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import tensorgrad.codegen.wgsl as w
@@ -23,6 +30,7 @@ from .rules import is_int, normalize_axis, require_dtype
 from .shape import move_to_last, permute, reshape
 
 _NP_DTYPES = {"i32": "int32", "bool": "bool"}
+I32_RANGE = (-(1 << 31), (1 << 31) - 1)
 
 
 def _np():
@@ -49,21 +57,38 @@ def _infer_one_hot(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape
     if not is_int(depth) or depth <= 0:
         raise ShapeError("one_hot", f"depth must be a positive int, got {depth!r}")
     _check_dtype("one_hot", attrs["dtype"])
+    ignore = attrs.get("ignore_index")
+    if ignore is not None and not (is_int(ignore) and I32_RANGE[0] <= ignore <= I32_RANGE[1]):
+        raise ShapeError("one_hot", f"ignore_index must be None or an int in "
+                         f"{I32_RANGE[0]}..{I32_RANGE[1]} (indices are i32), got {ignore!r}")
     if not idx.shape or idx.shape[-1] != 1:
         raise ShapeError("one_hot", f"the primitive takes indices [..., 1], got shape "
                          f"{list(idx.shape)}")
     return (*idx.shape[:-1], depth), attrs["dtype"]
 
 
+def _ignored_class(node: Node) -> int | None:
+    """The one-hot's ignore_index where it names a class (0..depth - 1): that class then
+    gets no 1. An ignore_index outside the classes needs no test (it never hits)."""
+    ignore = node.attrs.get("ignore_index")
+    return ignore if ignore is not None and 0 <= ignore < node.attrs["depth"] else None
+
+
 def _ref_one_hot(args: Sequence[Any], node: Node) -> Any:
     np = _np()
     hot = args[0] == np.arange(node.attrs["depth"])
+    ignored = _ignored_class(node)
+    if ignored is not None:
+        hot &= args[0] != ignored
     return hot.astype(_np_out(node.dtype, np.float32))
 
 
 def _expr_one_hot(node: Node) -> str:
     dt = node.dtype  # bool is stored as u32, like the comparisons' results
     hit = f"u32(a0) == ix % {w.u(node.attrs['depth'])}"  # a negative index wraps: no hit
+    ignored = _ignored_class(node)
+    if ignored is not None:
+        hit = f"{hit} && a0 != {w.lit(ignored, 'i32')}"
     return f"select({w.lit(0, dt)}, {w.lit(1, dt)}, {hit})"
 
 
@@ -71,7 +96,8 @@ def _expr_one_hot(node: Node) -> str:
 # nll_loss's is fused into the kernel that reads it instead of being stored.
 define("one_hot", infer=_infer_one_hot, ref=_ref_one_hot, vjp=NO_GRAD, expr=_expr_one_hot,
        doc="i32 [..., 1] -> [..., depth]: 1 where the index equals the position along the "
-           "last axis, else 0 (no 1 when out of range).")
+           "last axis, else 0 (no 1 when out of range, nor for an index equal to the "
+           "ignore_index attr, None for none; the bound check of inputs allows that value).")
 
 
 # Ops that move index values without changing them: an index read through them still comes
@@ -79,30 +105,51 @@ define("one_hot", infer=_infer_one_hot, ref=_ref_one_hot, vjp=NO_GRAD, expr=_exp
 _INDEX_PRESERVING = ("reshape", "permute", "slice_range", "broadcast_to", "stop_gradient")
 
 
+@dataclass(frozen=True)
+class IndexBound:
+    """What one op reading i32 indices allows them to hold: 0..bound - 1, and `sentinel`
+    (None: no such value) that the op gives a meaning of its own (a one-hot's ignore_index:
+    a zero row on purpose). `what`: the op and its user line, for messages."""
+
+    bound: int
+    what: str
+    sentinel: int | None = None
+
+    def allows(self, value: int) -> bool:
+        return 0 <= value < self.bound or value == self.sentinel
+
+    def expected(self) -> str:
+        """The allowed values in words: '0..4', or '0..4 or -100' with a sentinel."""
+        extra = self.sentinel is not None and not 0 <= self.sentinel < self.bound
+        return f"0..{self.bound - 1}" + (f" or {self.sentinel}" if extra else "")
+
+
 def _index_use(node: Node, input_shape: Callable[[int], Shape]
-               ) -> tuple[int, int, str] | None:
-    """(input position of the indices, their bound, what needs it) for a node whose op reads
-    i32 indices that must lie in 0..bound - 1; None for other ops. `input_shape(k)`: the
-    shape of the node's input k."""
+               ) -> tuple[int, IndexBound] | None:
+    """(input position of the indices, what they may hold) for a node whose op reads i32
+    indices; None for other ops. `input_shape(k)`: the shape of the node's input k."""
     if node.op == "one_hot":
         depth = int(node.attrs["depth"])
-        return 0, depth, f"one_hot(depth={depth})"
+        ignore = node.attrs.get("ignore_index")
+        if ignore is None:
+            return 0, IndexBound(depth, f"one_hot(depth={depth})")
+        return 0, IndexBound(depth, f"one_hot(depth={depth}, ignore_index={ignore})", ignore)
     if node.op == "gather_rows":
         rows = int(input_shape(0)[0])
-        return 1, rows, f"embedding(vocab={rows})"
+        return 1, IndexBound(rows, f"embedding(vocab={rows})")
     if node.op == "scatter_add_rows":
         rows = int(node.attrs["rows"])
-        return 1, rows, f"embedding(vocab={rows})"
+        return 1, IndexBound(rows, f"embedding(vocab={rows})")
     return None
 
 
-def _index_reads(graph: Graph, node: Node) -> list[tuple[Node, int, str]]:
-    """(graph node the indices come from, bound, what needs it) for each index read of
+def _index_reads(graph: Graph, node: Node) -> list[tuple[Node, IndexBound]]:
+    """(graph node the indices come from, what they may hold) for each index read of
     `node`, looking into fused programs too (a one-hot fused into the kernel that reads it,
     a gather with a stitched epilogue)."""
     if node.op != "fused":
         use = _index_use(node, lambda k: graph[node.inputs[k]].shape)
-        return [] if use is None else [(graph[node.inputs[use[0]]], use[1], use[2])]
+        return [] if use is None else [(graph[node.inputs[use[0]]], use[1])]
     program = node.attrs["program"].nodes
 
     def shape(ref: int) -> Shape:
@@ -117,27 +164,57 @@ def _index_reads(graph: Graph, node: Node) -> list[tuple[Node, int, str]]:
         while ref >= 0 and program[ref].op in _INDEX_PRESERVING:
             ref = program[ref].inputs[0]
         if ref < 0:  # computed inside the kernel otherwise: not straight from an input
-            reads.append((graph[node.inputs[-ref - 1]], use[1], use[2]))
+            reads.append((graph[node.inputs[-ref - 1]], use[1]))
     return reads
 
 
-def input_index_bounds(graph: Graph) -> dict[str, tuple[int, str]]:
-    """{i32 input name: (bound, what)} for the inputs whose values directly index a one_hot
+def input_index_bounds(graph: Graph) -> dict[str, tuple[IndexBound, ...]]:
+    """{i32 input name: its uses} for the inputs whose values directly index a one_hot
     (cross_entropy and nll_loss targets, take_along_axis) or a row gather/scatter
-    (embedding): every value must lie in 0..bound - 1, or it would silently select an
-    all-zero row (and get no gradient)."""
-    bounds: dict[str, tuple[int, str]] = {}
+    (embedding), one :class:`IndexBound` per distinct (bound, sentinel): every value must
+    be allowed by every use, or it would silently select an all-zero row (and get no
+    gradient). Check values with :func:`first_rejected`."""
+    uses: dict[str, dict[tuple[int, int | None], IndexBound]] = {}
     for node in graph.nodes:
-        for src, bound, what in _index_reads(graph, node):
+        for src, use in _index_reads(graph, node):
             while src.op in _INDEX_PRESERVING:
                 src = graph[src.inputs[0]]
             if src.op == "input" and src.dtype == "i32":
-                name = src.attrs["name"]
                 site = node.site.splitlines()[0] if node.site else ""
-                what += f" at {site}" if site else ""
-                if name not in bounds or bound < bounds[name][0]:
-                    bounds[name] = (bound, what)
-    return bounds
+                what = use.what + (f" at {site}" if site else "")
+                uses.setdefault(src.attrs["name"], {}).setdefault(
+                    (use.bound, use.sentinel), IndexBound(use.bound, what, use.sentinel))
+    return {name: tuple(by_key.values()) for name, by_key in uses.items()}
+
+
+def first_rejected(values: Sequence[int], uses: Sequence[IndexBound]
+                   ) -> tuple[int, int, IndexBound] | None:
+    """(flat index, value, the use that rejects it) for the first of `values` that one of
+    `uses` does not allow; None when all are allowed. One pass over the values when all lie
+    in 0..bound - 1 of every use, else one over their distinct values first."""
+    if not values or (0 <= min(values) and max(values) < min(u.bound for u in uses)):
+        return None
+    rejecting: dict[int, IndexBound] = {}
+    for v in set(values):
+        use = next((u for u in uses if not u.allows(v)), None)
+        if use is not None:
+            rejecting[v] = use
+    if not rejecting:
+        return None
+    k, v = next((k, v) for k, v in enumerate(values) if v in rejecting)
+    return k, v, rejecting[v]
+
+
+def sentinel_only(values: Sequence[int], uses: Sequence[IndexBound]) -> IndexBound | None:
+    """The use whose sentinel every one of `values` is (all of cross_entropy's targets
+    ignored), or None."""
+    if not values:
+        return None
+    first = values[0]
+    use = next((u for u in uses if u.sentinel is not None and u.sentinel == first), None)
+    if use is None or min(values) != first or max(values) != first:
+        return None
+    return use
 
 
 @public

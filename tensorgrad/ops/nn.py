@@ -2,6 +2,12 @@
 
 None of these defines a primitive: they compose the reduction, shape, indexing and
 elementwise families, so their gradients come from those ops' rules.
+
+The losses pick each target's log-probability with a one-hot mask that skips targets equal
+to `ignore_index` (the one_hot primitive's attr, which also lets the bound check of inputs
+accept that value): `where(one_hot(targets, V), log_probs, 0)` summed over the classes, an
+elementwise product fused into the reduction that reads it. 'mean' divides by the count of
+targets other than `ignore_index` (one more small reduction over the targets).
 """
 
 from __future__ import annotations
@@ -10,12 +16,12 @@ import math
 
 from ..errors import ShapeError, TraceError
 from ..tensor import Tensor, current_trace
-from .elementwise import add, cos, exp, mul, mul_scalar, neg, sin
-from .index import arange, one_hot
-from .reduce import log_softmax, mean
+from .elementwise import add, cos, div, exp, full, greater, less, mul, mul_scalar, neg, sin, where
+from .index import I32_RANGE, arange
+from .reduce import log_softmax
 from .reduce import sum as reduce_sum
-from .registry import public
-from .rules import require_dtype
+from .registry import public, record
+from .rules import is_int, require_dtype
 from .shape import concat, narrow, reshape
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -61,50 +67,68 @@ def rope(q: Tensor, k: Tensor, base: float = 10000.0) -> tuple[Tensor, Tensor]:
 
 # ---- losses ----------------------------------------------------------------------------
 
-def _reduce(per: Tensor, reduction: str) -> Tensor:
-    if reduction == "none" or per.ndim == 0:
+IGNORE_INDEX = -100  # PyTorch's default
+
+
+def _check_loss(op: str, scores: tuple[str, Tensor], targets: Tensor, reduction: str,
+                ignore_index: int) -> None:
+    """Check a loss's arguments: `scores` ('logits' or 'log_probs', tensor) [..., V] f32,
+    i32 `targets` [...], the reduction and an i32 ignore_index."""
+    if reduction not in REDUCTIONS:
+        raise ShapeError(op, f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if not is_int(ignore_index) or not I32_RANGE[0] <= ignore_index <= I32_RANGE[1]:
+        raise ShapeError(op, f"ignore_index must be an int in {I32_RANGE[0]}..{I32_RANGE[1]} "
+                         f"(targets are i32), got {ignore_index!r}")
+    name, x = scores
+    for what, t in ((name, x), ("targets", targets)):
+        if not isinstance(t, Tensor):
+            raise ShapeError(op, f"{what} must be a Tensor, got {type(t).__name__}")
+    require_dtype(op, targets.node, "i32", what="targets")
+    require_dtype(op, x.node, "f32", what=name)
+    if x.ndim < 1 or x.shape[:-1] != targets.shape:
+        raise ShapeError(op, f"targets {list(targets.shape)} must be the shape of {name} "
+                         f"{list(x.shape)} without its last axis (classes)")
+
+
+def _counted(targets: Tensor, ignore_index: int) -> Tensor:
+    """f32 0-d: how many targets differ from ignore_index."""
+    ignore, one, zero = full((), ignore_index, "i32"), full((), 1.0), full((), 0.0)
+    kept = where(less(targets, ignore), one, where(greater(targets, ignore), one, zero))
+    return reduce_sum(kept)
+
+
+@public
+def nll_loss(log_probs: Tensor, targets: Tensor, reduction: str = "mean",
+             ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """Negative log-likelihood of i32 `targets` [...] under `log_probs` [..., V], as
+    torch.nn.functional.nll_loss: -log_probs[..., target] per position, 0 where the target
+    equals `ignore_index` (default -100; a class 0..V - 1 too), then 'mean' (0-d: the sum
+    over the targets not ignored divided by their count, nan when every target is ignored,
+    with zero gradients), 'sum' (0-d) or 'none' ([...]). Targets from an input must lie in
+    0..V - 1 or equal ignore_index: any other value fails the step or run, naming it. A
+    computed target out of range contributes 0 (and is counted by 'mean')."""
+    _check_loss("nll_loss", ("log_probs", log_probs), targets, reduction, ignore_index)
+    hot = record("one_hot", [reshape(targets, (*targets.shape, 1))],
+                 depth=log_probs.shape[-1], dtype="bool", ignore_index=ignore_index)
+    # where, not a product with a 0/1 mask: a -inf log-probability of another class stays
+    # out of the sum, and the gradient of an all-ignored 'mean' (1/0) stays 0, as in torch;
+    # an ignored position sums zeros only (+0, as torch gives)
+    per = reduce_sum(where(hot, neg(log_probs), 0.0), -1)
+    if reduction == "none":
         return per
-    return mean(per) if reduction == "mean" else reduce_sum(per)
+    total = per if per.ndim == 0 else reduce_sum(per)
+    return total if reduction == "sum" else div(total, _counted(targets, ignore_index))
 
 
 @public
-def nll_loss(log_probs: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
-    """Negative log-likelihood of i32 `targets` [...] under `log_probs` [..., V]:
-    -sum(log_probs * one_hot(targets, V), -1) per position, then 'mean' (0-d, over all
-    positions), 'sum' (0-d) or 'none' ([...]). Out-of-range targets contribute 0 but are
-    still counted by 'mean'."""
-    if reduction not in REDUCTIONS:
-        raise ShapeError("nll_loss", f"reduction must be one of {REDUCTIONS}, got "
-                         f"{reduction!r}")
-    for name, t in (("log_probs", log_probs), ("targets", targets)):
-        if not isinstance(t, Tensor):
-            raise ShapeError("nll_loss", f"{name} must be a Tensor, got {type(t).__name__}")
-    require_dtype("nll_loss", targets.node, "i32", what="targets")
-    require_dtype("nll_loss", log_probs.node, "f32", what="log_probs")
-    if log_probs.ndim < 1 or log_probs.shape[:-1] != targets.shape:
-        raise ShapeError("nll_loss", f"targets {list(targets.shape)} must be the shape of "
-                         f"log_probs {list(log_probs.shape)} without its last axis (classes)")
-    picked = reduce_sum(mul(log_probs, one_hot(targets, log_probs.shape[-1])), -1)
-    return _reduce(mul_scalar(picked, -1.0), reduction)
-
-
-@public
-def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
-    """Softmax cross-entropy of raw `logits` [..., V] against i32 `targets` [...]
-    = nll_loss(log_softmax(logits, -1), targets, reduction)."""
-    if reduction not in REDUCTIONS:
-        raise ShapeError("cross_entropy", f"reduction must be one of {REDUCTIONS}, got "
-                         f"{reduction!r}")
-    for name, t in (("logits", logits), ("targets", targets)):
-        if not isinstance(t, Tensor):
-            raise ShapeError("cross_entropy", f"{name} must be a Tensor, got "
-                             f"{type(t).__name__}")
-    require_dtype("cross_entropy", targets.node, "i32", what="targets")
-    require_dtype("cross_entropy", logits.node, "f32", what="logits")
-    if logits.ndim < 1 or logits.shape[:-1] != targets.shape:
-        raise ShapeError("cross_entropy", f"targets {list(targets.shape)} must be the shape "
-                         f"of logits {list(logits.shape)} without its last axis (classes)")
-    return nll_loss(log_softmax(logits, -1), targets, reduction)
+def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean",
+                  ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """Softmax cross-entropy of raw `logits` [..., V] against i32 `targets` [...], as
+    torch.nn.functional.cross_entropy: nll_loss(log_softmax(logits, -1), targets,
+    reduction, ignore_index) (targets equal to ignore_index, default -100, e.g. padding,
+    add 0 and get no gradient; 'mean' divides by the count of the others)."""
+    _check_loss("cross_entropy", ("logits", logits), targets, reduction, ignore_index)
+    return nll_loss(log_softmax(logits, -1), targets, reduction, ignore_index)
 
 
 # ---- capture ---------------------------------------------------------------------------

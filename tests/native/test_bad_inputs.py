@@ -139,6 +139,18 @@ CATALOGUE = [
         r"^input 'ids': holds -1 at flat index 0, outside 0\.\.4", model="tokens"),
     Bad("a cross-entropy target out of range", step(**tokens(target=(0, 3, 1, 1))), ShapeError,
         r"^input 'target': holds 3 at flat index 1, outside 0\.\.2", model="tokens"),
+    Bad("a cross-entropy target of -1 (its ignore_index is -100)",
+        step(**tokens(target=(0, 1, -1, -100))), ShapeError,
+        r"^input 'target': holds -1 at flat index 2, outside 0\.\.2 or -100 as "
+        r"one_hot\(depth=3, ignore_index=-100\) at .*test_bad_inputs\.py:\d+ in token_loss needs",
+        model="tokens"),
+    Bad("every cross-entropy target ignored (-100)", step(**tokens(target=(-100,) * 4)),
+        FloatingPointError,
+        r"^loss is nan at step 1: the update was skipped, params and optimizer state are "
+        r"unchanged; input 'target' holds only -100, the ignore_index of one_hot\(depth=3, "
+        r"ignore_index=-100\) at .*test_bad_inputs\.py:\d+ in token_loss: a 'mean' over no counted target "
+        r"is 0/0 = nan, as in PyTorch \(give each batch a target that is not ignored, or use "
+        r"reduction='sum'\)$", model="tokens"),
     Bad("a take_along_axis index out of range", step(**tokens(pick=(0, 0, 0, 7))), ShapeError,
         r"^input 'pick': holds 7 at flat index 3, outside 0\.\.2", model="tokens"),
     Bad("a forward input of a size no None dim resolves", run_forward(x=np.zeros(5, np.float32)),

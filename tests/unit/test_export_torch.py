@@ -13,11 +13,13 @@ import importlib.util
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import torch  # the test extra installs torch and safetensors; missing, this file fails
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import tensorgrad as tg
@@ -193,6 +195,53 @@ def test_cnn_forward_and_grads_match(tmp_path: Path) -> None:
     check_model("cnn", CNN(), CNN.forward, {"x": (None, 1, 8, 8)}, {"x": x}, 4, tmp_path)
     src = (tmp_path / "cnn_torch.py").read_text()
     assert "F.conv2d(" in src and "F.max_pool2d(" in src and ".log_softmax(-1)" in src
+
+
+class PaddedTagger(tg.Module):
+    """Per-token classes scored with cross_entropy: targets -100 (padding) are ignored."""
+
+    def __init__(self) -> None:
+        self.emb = tg.Embedding(7, 6)
+        self.out = tg.Linear(6, 5)
+
+    def logits(self, tokens: tg.Tensor) -> tg.Tensor:
+        return self.out(tg.tanh(self.emb(tokens)))
+
+    def forward(self, tokens: tg.Tensor, targets: tg.Tensor) -> tg.Tensor:
+        return tg.cross_entropy(self.logits(tokens), targets, reduction="none")
+
+
+@pytest.mark.parametrize("reduction, ignore_index", [("none", -100), ("mean", -100),
+                                                     ("mean", 2), ("sum", 2)])
+def test_cross_entropy_with_ignore_index_round_trips(tmp_path: Path, reduction: str,
+                                                     ignore_index: int) -> None:
+    """The exported loss ignores the same targets as tensorgrad and as F.cross_entropy with
+    that ignore_index (the default -100, or a class), forward and gradients."""
+    def forward(m: PaddedTagger, tokens: tg.Tensor, targets: tg.Tensor) -> tg.Tensor:
+        kw = {} if ignore_index == -100 else {"ignore_index": ignore_index}
+        return tg.cross_entropy(m.logits(tokens), targets, reduction, **kw)
+
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(0, 7, (6, 4)).astype(np.int32)
+    targets = rng.integers(0, 5, (6, 4)).astype(np.int32)
+    targets[:, 2:] = np.where(rng.random((6, 2)) < 0.6, ignore_index, targets[:, 2:])
+    name = f"padded_{reduction}_{ignore_index}".replace("-", "m")
+    decls = {"tokens": ((None, 4), "i32"), "targets": ((None, 4), "i32")}
+    feeds = {"tokens": tokens, "targets": targets}
+    check_model(name, PaddedTagger(), forward, decls, feeds, 6, tmp_path)
+    src = (tmp_path / f"{name}_torch.py").read_text()
+    assert f"ignore_index={ignore_index})" in src, src
+    # the exported module against torch's own loss on the same logits
+    written = SimpleNamespace(path=tmp_path / f"{name}_torch.py", class_name="PaddedTagger",
+                              weights_path=tmp_path / f"{name}_torch.safetensors")
+    tmodel = import_export(written, name + "_again")
+    w = dict(tmodel.named_parameters())
+    tok, tgt = torch.from_numpy(tokens).long(), torch.from_numpy(targets).long()
+    logits = torch.tanh(w["emb.W"][tok]) @ w["out.W"] + w["out.b"]
+    want = F.cross_entropy(logits.reshape(-1, 5), tgt.reshape(-1), reduction=reduction,
+                           ignore_index=ignore_index)
+    got = tmodel(tokens=torch.from_numpy(tokens), targets=torch.from_numpy(targets))
+    torch.testing.assert_close(got.reshape(-1), want.reshape(-1), rtol=1e-6, atol=1e-6)
 
 
 def test_training_it_with_torch_optim(tmp_path: Path) -> None:

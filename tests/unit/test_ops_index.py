@@ -114,9 +114,9 @@ def test_scatter_add_rows_reference_sums_in_index_order() -> None:
 def test_embedding_ids_from_an_input_are_bounded() -> None:
     b = build(Case("embedding", lambda t, i: tg.embedding(t, tg.reshape(i, (-1,))),
                    [Arg((5, 3)), Arg((2, 2), "i32", "int:0:5")]))
-    bound, what = input_index_bounds(b.graph)["a1"]
-    assert bound == 5 and what.startswith("embedding(vocab=5) at ") and \
-        "test_ops_index.py" in what
+    (use,) = input_index_bounds(b.graph)["a1"]  # the gather and its scatter: one bound
+    assert use.bound == 5 and use.what.startswith("embedding(vocab=5) at ") and \
+        "test_ops_index.py" in use.what and use.sentinel is None
     b = build(Case("embedding", lambda t, i: tg.embedding(t, i + 1),
                    [Arg((5, 3)), Arg((2, 2), "i32", "int:0:4")]))
     assert input_index_bounds(b.graph) == {}  # computed ids: out of range gives zeros
@@ -196,5 +196,6 @@ def test_indices_read_inside_fused_kernels_are_bounded() -> None:
     assert any("gather_rows" in p for p in programs) and any("one_hot" in p for p in programs)
     assert not {"gather_rows", "one_hot"} & {n.op for n in c.graph.nodes}
     bounds = input_index_bounds(c.graph)
-    assert bounds["ids"][0] == 7 and bounds["ids"][1].startswith("embedding(vocab=7)")
-    assert bounds["labels"][0] == 3 and bounds["labels"][1].startswith("one_hot(depth=3)")
+    (ids,), (labels,) = bounds["ids"], bounds["labels"]
+    assert ids.bound == 7 and ids.what.startswith("embedding(vocab=7)")
+    assert labels.bound == 3 and labels.what.startswith("one_hot(depth=3)")
