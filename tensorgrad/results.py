@@ -21,6 +21,7 @@ class Captures(dict):
         return super().__getitem__(name)
 
     def names(self) -> list[str]:
+        """The capture names, sorted."""
         return sorted(self)
 
 
@@ -50,7 +51,9 @@ class Failed:
 
     @property
     def message(self) -> str:
+        """The error's text, ``str(error)``."""
         return str(self.error)
 
 
 Result = Completed | Aborted | Failed
+"""What ``step`` and ``run`` return (match it against the three classes)."""
