@@ -108,6 +108,12 @@ def test_every_public_name_is_in_the_reference(docs_site: Path) -> None:
     assert not missing, f"public names the built reference lacks: {missing}"
 
 
+def test_the_docs_build_reaches_no_network(docs_build: Any) -> None:
+    """The build ran with every connection off this machine refused (and logged)."""
+    assert docs_build.guarded_processes >= 1, "the network guard did not load in the build"
+    assert not docs_build.reached, f"the docs build tried to reach {docs_build.reached}"
+
+
 def test_the_site_fetches_nothing_from_elsewhere(docs_site: Path) -> None:
     """No web fonts, CDN scripts or stylesheets: every asset is a file of the site."""
     foreign = []
