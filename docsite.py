@@ -19,7 +19,7 @@ import inspect
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -84,6 +84,7 @@ class Section:
     text: str = ""
     objects: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    entries: list[str] = field(default_factory=list)  # Markdown written here, not by mkdocstrings
 
 
 @dataclass
@@ -111,6 +112,7 @@ def render(page: Page) -> str:
         out += [f"## {s.heading}", ""] + ([s.text.strip(), ""] if s.text else [])
         for path in s.objects:
             out += [_entry(path, {"heading_level": 3, **s.options}), ""]
+        out += [f"{entry}\n" for entry in s.entries]
     return "\n".join(out)
 
 
@@ -121,19 +123,45 @@ def _module_page(path: str, module: str, title: str, intro: str) -> Page:
     return Page(path, title, f"{intro}\n\n{entry}", [])
 
 
+def _made_entry(name: str, fn: Callable[..., Any]) -> str:
+    """The entry of an op function made by a factory (`tg.relu` from `_unary(...)`), which the
+    source alone does not show mkdocstrings: its runtime signature and docstring."""
+    path = f"{fn.__module__}.{name}"
+    doc = inspect.cleandoc(fn.__doc__ or "")
+    symbol = '<code class="doc-symbol doc-symbol-heading doc-symbol-function"></code>'
+    return (f"### {symbol} `{name}` {{#{path} data-toc-label=\"{name}\"}}\n\n"
+            f"```python\n{name}{str(inspect.signature(fn)).replace(chr(39), '')}\n```\n\n"
+            f"{doc}\n")
+
+
 def _ops_page() -> Page:
-    families: dict[str, list[str]] = {}
+    sections: dict[str, Section] = {}
+    options = {"show_root_full_path": False, "show_root_heading": True}
     for name, fn in public_ops().items():
-        families.setdefault(fn.__module__, []).append(f"{fn.__module__}.{name}")
-    sections = [Section(f"{mod.rsplit('.', 1)[1]}", "", paths,
-                        {"show_root_full_path": False, "show_root_heading": True})
-                for mod, paths in families.items()]
+        section = sections.setdefault(fn.__module__, Section(fn.__module__.rsplit(".", 1)[1]))
+        section.entries.append(
+            _entry(f"{fn.__module__}.{name}", {"heading_level": 3, **options})
+            if fn.__code__.co_name == name else _made_entry(name, fn))
     intro = ("Every public op, as `tg.<name>` (`import tensorgrad as tg`), grouped by the "
              "module that defines it. The primitives they record, with their shape rules and "
              "gradients, are listed in the [op table](op-table.md).\n\n"
              + _entry("tensorgrad.ops", {"members": False, "show_root_heading": True,
                                          "heading_level": 2, "show_root_toc_entry": False}))
-    return Page("reference/ops.md", "Ops", intro, sections)
+    return Page("reference/ops.md", "Ops", intro, list(sections.values()))
+
+
+def _top_path(name: str) -> str:
+    """The path mkdocstrings should document `tg.<name>` by: `tensorgrad.<name>`, unless a
+    submodule of that name hides the object from a reading of the source (`tg.trace` is the
+    function `tensorgrad.compiler.trace`, `tensorgrad/trace.py` a module): then where the
+    object is defined."""
+    import importlib.util
+
+    import tensorgrad as tg
+
+    obj = getattr(tg, name)
+    shadowed = not inspect.ismodule(obj) and importlib.util.find_spec(f"tensorgrad.{name}")
+    return (canonical_path(obj) or f"tensorgrad.{name}") if shadowed else f"tensorgrad.{name}"
 
 
 def reference_pages() -> list[Page]:
@@ -145,9 +173,9 @@ def reference_pages() -> list[Page]:
     placed = {n for group in TOP_LEVEL.values() for n in group} | set(MODEL_NAMES)
     placed |= set(SUBMODULE_PAGES) | set(ERRORS) | set(public_ops())
     placed |= {n for n in top if n in _module("tensorgrad.nn").__all__}
-    sections = [Section(h, "", [f"tensorgrad.{n}" for n in names if n in top])
+    sections = [Section(h, "", [_top_path(n) for n in names if n in top])
                 for h, names in TOP_LEVEL.items()]
-    more = [f"tensorgrad.{n}" for n in top if n not in placed]
+    more = [_top_path(n) for n in top if n not in placed]
     if more:
         sections.append(Section("More", "", more))
     layers = [f"tensorgrad.nn.{n}" for n in _module("tensorgrad.nn").__all__]
@@ -180,20 +208,6 @@ def reference_pages() -> list[Page]:
                      "The JS client is on [its own page](js.md)."),
     ]
     return pages
-
-
-def documented_objects() -> list[str]:
-    """Every dotted path the generated reference pages give to mkdocstrings (module pages
-    add their `members`)."""
-    out = []
-    for page in reference_pages():
-        text = render(page)
-        for path, options in re.findall(r"^::: (\S+)\n((?:    .*\n?)*)", text, re.MULTILINE):
-            out.append(path)
-            members = re.search(r"members: (\[.*\])", options)
-            if members:
-                out += [f"{path}.{m}" for m in json.loads(members[1])]
-    return out
 
 
 # ---- the JS client ---------------------------------------------------------------------------

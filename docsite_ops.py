@@ -262,7 +262,7 @@ def op_table_markdown() -> str:
            "|---|---|---|---|"]
     for name, fn in public_ops().items():
         ex = examples.get(name)
-        link = f"[`tg.{name}`][{fn.__module__}.{name}]"
+        link = f"[`tg.{name}`](ops.md#{fn.__module__}.{name})"
         if ex is None:
             out.append(f"| {link} | (no example) | | |")
             continue
