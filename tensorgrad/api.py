@@ -168,6 +168,7 @@ class Training(_Runner):
     # -- properties ----------------------------------------------------------------------
     @property
     def param_names(self) -> list[str]:
+        """The model's dotted param names, in param order."""
         return self._store.names if self._store else []
 
     @property
@@ -182,26 +183,32 @@ class Training(_Runner):
 
     @property
     def kernel_count(self) -> int:
+        """How many GPU kernels (compute dispatches) one step runs."""
         return self._exe.kernel_count if self._exe else 0
 
     @property
     def output_shape(self) -> tuple[int, ...]:
+        """The loss's shape: () (a training step's output is its 0-d loss)."""
         return ()
 
     @property
     def ir(self) -> Graph:
+        """The compiled step's final IR graph (``print(train.ir)`` shows it)."""
         return self._exe.graph if self._exe else Graph()
 
     @property
     def kernels(self) -> list[str]:
+        """The WGSL source of each kernel the step dispatches."""
         return [k.wgsl for k in self._exe.kernels if k.threads > 0] if self._exe else []
 
     @property
     def peak_bytes(self) -> int:
+        """The GPU memory the step's buffer plan needs at its peak, in bytes."""
         return self._exe.plan.peak_bytes if self._exe else 0
 
     @property
     def step_count(self) -> int:
+        """Completed steps since compile (or the last reset of the optimizer state)."""
         return self._t
 
     def __repr__(self) -> str:
@@ -426,6 +433,7 @@ class Forward(_Runner):
 
     @property
     def param_names(self) -> list[str]:
+        """The dotted param names, in param order (the params this forward shares or owns)."""
         return self._store.names
 
     @property
@@ -514,6 +522,7 @@ class Forward(_Runner):
         return Completed(output=out, captures=Captures(caps))
 
     def output_shape(self, **inputs: Any) -> tuple[int, ...]:
+        """The output's shape for these inputs (compiling for their shapes if needed)."""
         exe = self.graph_for(**inputs)
         return exe.graph[exe.output_id].shape
 
@@ -536,6 +545,8 @@ class Forward(_Runner):
         return self._queue.submit(lambda: self._store.download())
 
     def destroy(self) -> None:
+        """Free the forward's GPU resources (and its params, when it owns them); pending and
+        later runs return Aborted."""
         if self._destroyed:
             return
         self._invalidate()

@@ -72,12 +72,16 @@ class Kaiming:
 
 @dataclass(frozen=True)
 class Zeros:
+    """All zeros (what :func:`zeros` returns)."""
+
     kind = "zeros"
 
 
 
 @dataclass(frozen=True)
 class Ones:
+    """All ones (what :func:`ones` returns)."""
+
     kind = "ones"
 
 
@@ -92,6 +96,7 @@ class Literal:
 
 
 InitSpec = Randn | Kaiming | Zeros | Ones | Literal
+"""Any init spec."""
 DEFAULT = Randn()  # the init of a param declared without one
 
 
@@ -108,6 +113,7 @@ class ParamSpec:
 
     @property
     def size(self) -> int:
+        """How many values the param holds (the product of its shape)."""
         return prod(self.shape)
 
 
@@ -122,10 +128,12 @@ def kaiming(gain: float = math.sqrt(2.0)) -> Kaiming:
 
 
 def zeros() -> Zeros:
+    """All zeros (biases; no weight decay by default)."""
     return Zeros()
 
 
 def ones() -> Ones:
+    """All ones (norm gains; no weight decay by default)."""
     return Ones()
 
 
@@ -196,6 +204,7 @@ class Mulberry32:
         self.state = seed & MASK32
 
     def next_u32(self) -> int:
+        """The next 32-bit unsigned draw of the stream."""
         self.state = (self.state + GOLDEN) & MASK32
         return _mix(self.state)
 

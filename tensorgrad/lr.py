@@ -66,6 +66,7 @@ class Constant:
         _check_start(self.kind, self.start_step)
 
     def at(self, s: int) -> float:
+        """The LR at local step `s` (1-based): `value`."""
         return float(self.value)
 
 
@@ -86,6 +87,7 @@ class Linear:
         _check_start(self.kind, self.start_step)
 
     def at(self, s: int) -> float:
+        """The LR at local step `s` (1-based): ``peak + (final - peak) * min(s / steps, 1)``."""
         f = min(s / self.steps, 1.0)
         return self.peak + (self.final - self.peak) * f
 
@@ -107,6 +109,8 @@ class CosineAnnealing:
         _check_start(self.kind, self.start_step)
 
     def at(self, s: int) -> float:
+        """The LR at local step `s` (1-based): ``final + (peak - final) * (1 + cos(pi f)) / 2``
+        with ``f = min(s / steps, 1)``."""
         f = min(s / self.steps, 1.0)
         return self.final + 0.5 * (self.peak - self.final) * (1.0 + math.cos(math.pi * f))
 
@@ -128,6 +132,8 @@ class Warmup:
         _check_start(self.kind, self.start_step)
 
     def at(self, s: int) -> float:
+        """The LR at local step `s` (1-based): ``peak * s / steps`` up to `steps`, then the
+        LR `after` at step ``s - steps``."""
         if s <= self.steps:
             return self.peak * s / self.steps
         return resolve(self.after, s - self.steps)
@@ -150,6 +156,7 @@ class Staircase:
         _check_start(self.kind, self.start_step)
 
     def at(self, s: int) -> float:
+        """The LR at local step `s` (1-based): ``peak * gamma ** ((s - 1) // every)``."""
         return self.peak * self.gamma ** ((s - 1) // self.every)
 
 
@@ -175,11 +182,14 @@ class MultiStep:
         _check_start(self.kind, self.start_step)
 
     def at(self, s: int) -> float:
+        """The LR at local step `s` (1-based): `peak` times `gamma` per milestone <= s."""
         return self.peak * self.gamma ** sum(1 for m in self.milestones if s >= m)
 
 
 Schedule = Constant | Linear | CosineAnnealing | Warmup | Staircase | MultiStep
+"""Any of the schedule classes."""
 LR = float | Schedule
+"""A learning rate: a number (constant) or a schedule."""
 SCHEDULES: dict[str, type] = {c.kind: c for c in  # type: ignore[attr-defined]
                               (Constant, Linear, CosineAnnealing, Warmup, Staircase, MultiStep)}
 
@@ -191,29 +201,39 @@ def _check_lr(what: str, value: Any) -> None:
 
 
 def constant(value: float, *, start_step: int | None = None) -> Constant:
+    """A constant LR `value` (a plain number does the same)."""
     return Constant(value, start_step)
 
 
 def linear(peak: float, final: float, steps: int, *, start_step: int | None = None) -> Linear:
+    """From `peak` linearly to `final` over `steps` steps, then `final` (:class:`Linear`)."""
     return Linear(peak, final, steps, start_step)
 
 
 def cosine_annealing(peak: float, final: float, steps: int, *,
                      start_step: int | None = None) -> CosineAnnealing:
+    """Half a cosine from `peak` down to `final` over `steps` steps, then `final`
+    (:class:`CosineAnnealing`)."""
     return CosineAnnealing(peak, final, steps, start_step)
 
 
 def warmup(peak: float, steps: int, after: LR, *, start_step: int | None = None) -> Warmup:
+    """Linear warmup from 0 to `peak` over `steps` steps, then the LR `after` (a number or
+    a schedule, on its own timeline from its step 1) (:class:`Warmup`)."""
     return Warmup(peak, steps, after, start_step)
 
 
 def staircase(peak: float, every: int, gamma: float, *,
               start_step: int | None = None) -> Staircase:
+    """`peak` multiplied by `gamma` every `every` steps, as PyTorch's StepLR
+    (:class:`Staircase`)."""
     return Staircase(peak, every, gamma, start_step)
 
 
 def multi_step(peak: float, milestones: list[int] | tuple[int, ...], gamma: float, *,
                start_step: int | None = None) -> MultiStep:
+    """`peak` multiplied by `gamma` at each of the `milestones` (steps), as PyTorch's
+    MultiStepLR (:class:`MultiStep`)."""
     return MultiStep(peak, tuple(milestones), gamma, start_step)
 
 

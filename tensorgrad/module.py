@@ -99,6 +99,8 @@ class Module:
                      fan_in)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The computation: subclasses define it (``layer(x)`` calls it). It runs only while
+        tracing, on a copy of the module whose params are tensors."""
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -109,6 +111,7 @@ class Module:
         return {name: _spec(name, p) for name, p in _params(self)}
 
     def param_names(self) -> list[str]:
+        """The dotted param names, in traversal order (see the module docstring)."""
         return [name for name, _ in _params(self)]
 
     def init_params(self, seed: int) -> dict[str, Any]:

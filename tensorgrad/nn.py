@@ -49,6 +49,7 @@ class Linear(Module):
         self.b = self.param((out_features,), init=_init.zeros()) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x @ W + b`` (``x @ W`` without a bias)."""
         y = ops.matmul(x, self.W)
         return y if self.b is None else y + self.b
 
@@ -65,6 +66,7 @@ class LayerNorm(Module):
         self.b = self.param((dim,), init=_init.zeros(), decay=decay) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
+        """``tg.layer_norm(x, g, b, eps)`` over the last axis."""
         return ops.layer_norm(x, self.g, self.b, self.eps)
 
 
@@ -77,6 +79,7 @@ class RMSNorm(Module):
         self.g = self.param((dim,), init=_init.ones(), decay=decay)
 
     def forward(self, x: Tensor) -> Tensor:
+        """``tg.rms_norm(x, g, eps)`` over the last axis."""
         return ops.rms_norm(x, self.g, self.eps)
 
 
@@ -92,6 +95,7 @@ class Embedding(Module):
         self.W = self.param((vocab, dim), init=init, decay=decay, fan_in=vocab)
 
     def forward(self, idx: Tensor) -> Tensor:
+        """The rows of W that the i32 `idx` picks: ``[...]`` → ``[..., dim]``."""
         return ops.embedding(self.W, idx)
 
 
@@ -121,6 +125,7 @@ class Conv2d(Module):
         self.b = self.param((out_channels,), init=_init.zeros()) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
+        """``tg.conv2d(x, W, stride, padding, groups)`` plus the bias per channel."""
         y = ops.conv2d(x, self.W, stride=self.stride, padding=self.padding, groups=self.groups)
         if self.b is None:
             return y

@@ -49,8 +49,11 @@ from .tensor import Tensor, leaf, tracing
 NameFilter = bool | str | Callable[[str], bool]
 CALLABLE_MARK = "<callable>"
 ADAM_LRT = "__adam_lrt"
+"""The hidden per-step input of Adam/AdamW: ``lr_t sqrt(1 - b2^t) / (1 - b1^t)``."""
 ADAM_SHRINK = "__adam_decay_shrink"
+"""The hidden per-step input of AdamW's decoupled decay: ``1 - lr_t weight_decay``."""
 SGD_LR = "__sgd_lr"
+"""The hidden per-step input of SGD: the step's learning rate."""
 
 
 # ---- configs -----------------------------------------------------------------------------
@@ -167,10 +170,13 @@ class SGD(_Common):
 
 
 OptimizerConfig = Adam | AdamW | SGD
+"""Any optimizer config."""
 CONFIGS: dict[str, type] = {"adam": Adam, "adamw": AdamW, "sgd": SGD}
 
 
 def to_dict(config: OptimizerConfig) -> dict[str, Any]:
+    """`config` as plain data (``{kind: "adam", lr: ..., ...}``), what the worker protocol
+    carries; :func:`from_dict` reads it back."""
     return config.to_dict()
 
 

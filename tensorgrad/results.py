@@ -23,6 +23,7 @@ class Captures(dict):
         return super().__getitem__(name)
 
     def names(self) -> list[str]:
+        """The capture names, sorted."""
         return sorted(self)
 
     def __repr__(self) -> str:
@@ -72,6 +73,7 @@ class Failed:
 
     @property
     def message(self) -> str:
+        """The error's text, ``str(error)``."""
         return str(self.error)
 
     def __repr__(self) -> str:
@@ -80,3 +82,4 @@ class Failed:
 
 
 Result = Completed | Aborted | Failed
+"""What ``step`` and ``run`` return (match it against the three classes)."""

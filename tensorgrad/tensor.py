@@ -122,22 +122,27 @@ class Tensor:
 
     @property
     def node(self) -> Node:
+        """The IR node that computes this tensor."""
         return self.graph[self.id]
 
     @property
     def shape(self) -> Shape:
+        """The static shape, a tuple of ints (known while tracing)."""
         return self.graph[self.id].shape
 
     @property
     def dtype(self) -> str:
+        """"f32", "i32" or "bool"."""
         return self.graph[self.id].dtype
 
     @property
     def ndim(self) -> int:
+        """The number of axes."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements (the product of the shape)."""
         return self.graph[self.id].size
 
     def __repr__(self) -> str:

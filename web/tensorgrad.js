@@ -116,7 +116,7 @@ const failed = (err) => ({
 /** One worker: Pyodide with tensorgrad, a namespace, compiled graphs. */
 export class Session {
   constructor(worker) {
-    this.worker = worker;
+    this.worker = worker;      // the module Web Worker running Pyodide and tensorgrad
     this.pending = new Map();  // id → {resolve, reject, onPost}
     this.nextId = 1;
     this.dead = null;          // an Error once the worker is gone
@@ -213,6 +213,8 @@ export class Session {
    *  `onPost(obj)`. */
   runScript(source, { onPost } = {}) { return this.request("runScript", { source }, { onPost }); }
 
+  /** A round trip: resolves {pong: value, python, platform, kinds} (the worker's Python
+   *  version, its platform and the message kinds it takes). */
   ping(value = null) { return this.request("ping", { value }); }
 
   /** Compile a training step: {model: "MLP()", loss: "loss_fn", inputs, optimizer?, seed?}.
@@ -225,6 +227,7 @@ export class Session {
     return new Train(this, info, spec);
   }
 
+  /** End the worker now: pending and later requests reject ("worker terminated"). */
   terminate() {
     this.worker.terminate();
     this._fail(new Error("worker terminated"));
@@ -248,7 +251,7 @@ async function resultOf(promise) {
 export class Forward {
   constructor(session, info) {
     this.session = session;
-    this.graphId = info.graphId;
+    this.graphId = info.graphId;            // the worker's id of this graph
     this._update(info);
   }
 
@@ -273,8 +276,12 @@ export class Forward {
                                 { transfer: buffersOf(params) });
   }
 
+  /** Resolves {name: Float32Array} of every param, flat (shapes in `paramShapes`), after the
+   *  calls made before it. */
   downloadParams() { return this.session.request("downloadParams", { graphId: this.graphId }); }
 
+  /** Free the graph in the worker (a training graph frees its attached forwards too);
+   *  pending and later step/run calls resolve {kind: "aborted"}. */
   destroy() { return this.session.request("destroy", { graphId: this.graphId }); }
 }
 
@@ -282,12 +289,12 @@ export class Forward {
 export class Train extends Forward {
   constructor(session, info, spec) {
     super(session, info);
-    this.spec = spec;
+    this.spec = spec;                       // the compile request it came from
   }
 
   _update(info) {
     super._update(info);
-    this.kernelCount = info.kernelCount;
+    this.kernelCount = info.kernelCount;    // GPU kernels of one step
   }
 
   /** One training step; `inputs`, a record {name: Float32Array | Int32Array}, are transferred.

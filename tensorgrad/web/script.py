@@ -27,8 +27,9 @@ from .convert import to_js_value
 __all__ = ["TrainingRun", "current_request", "import_source", "post", "set_sink",
            "train_steps"]
 
-# The id of the request whose script is running (asyncio tasks inherit it).
 current_request: ContextVar[int | None] = ContextVar("tensorgrad_request", default=None)
+"""The id of the ``runScript`` request whose script is running (asyncio tasks inherit it):
+where :func:`post` sends its data."""
 
 _sink: Callable[[Any], None] | None = None
 
@@ -86,10 +87,12 @@ class TrainingRun:
 
     @property
     def steps_per_s(self) -> float | None:
+        """Steps per second of the time spent inside ``train.step`` (None before a step)."""
         return self.run_steps / self.step_seconds if self.step_seconds else None
 
     @property
     def wall_steps_per_s(self) -> float | None:
+        """Steps per second of the run's wall time, streaming and callbacks included."""
         return self.run_steps / self.wall_seconds if self.wall_seconds else None
 
 

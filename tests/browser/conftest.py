@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import build  # the repository's build.py (imported after the sys.path line)
 
+PAGES = Path(__file__).resolve().parent / "pages"
+
 START_SESSION = """async () => {
   window.tg = await import("/tensorgrad.js");
   window.progress = [];
@@ -25,14 +28,24 @@ START_SESSION = """async () => {
 
 
 @pytest.fixture(scope="package")
-def web_url() -> Iterator[str]:
-    """dist/web/ built from this tree and served on a free 127.0.0.1 port."""
+def test_pages(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder served at /tests/ beside the bundle: the test pages of tests/browser/pages/
+    (test pages are never part of dist/web/), and pages a test writes there."""
+    folder = tmp_path_factory.mktemp("pages")
+    shutil.copytree(PAGES, folder, dirs_exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="package")
+def web_url(test_pages: Path) -> Iterator[str]:
+    """dist/web/ built from this tree and served on a free 127.0.0.1 port, with the test pages
+    at /tests/ and the docs site (dist/docs/, once built) at /docs/."""
     try:
         build.install_browser_deps()
     except SystemExit as exc:
         pytest.fail(f"browser dependencies missing: {exc}")
     build.build_web()
-    server = build.serve_web(0, quiet=True)
+    server = build.serve_web(0, quiet=True, mounts={"/tests/": test_pages, "/docs/": build.DOCS})
     yield build.server_url(server)
     server.shutdown()
 

@@ -141,7 +141,7 @@ def test_index_links_to_every_demo_with_a_thumbnail(web_url: str) -> None:
 
 
 def test_every_demo_has_a_browser_test() -> None:
-    from . import test_pyscript  # the PyScript demo's test lives beside its README test
+    from . import test_pyscript  # the PyScript demo's test lives beside the PyScript tests
     from .conftest import build
 
     tests = {name for name in [*globals(), *vars(test_pyscript)] if name.startswith("test_")}

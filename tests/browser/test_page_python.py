@@ -2,8 +2,9 @@
 PyScript runs) loads tensorgrad.js, starts the worker and drives a real training through the
 Python page client (tensorgrad/web/client.py), with the native API's result objects.
 
-The page (web/page-python-test.html, served from dist/web/) loads Pyodide from `pyodide/` and
-installs the tensorgrad wheel named by manifest.json; each test runs Python there."""
+The page (tests/browser/pages/page-python.html, served at /tests/ beside dist/web/) loads
+Pyodide from `/pyodide/` and installs the tensorgrad wheel named by manifest.json; each test
+runs Python there."""
 
 from __future__ import annotations
 
@@ -250,7 +251,7 @@ class PythonPage:
 @pytest.fixture(scope="module")
 def page_python(browser: Any, web_url: str) -> Iterator[PythonPage]:
     page = PythonPage(browser.new_page())
-    page.page.goto(web_url + "page-python-test.html")
+    page.page.goto(web_url + "tests/page-python.html")
     timings = page.page.evaluate("async () => (await window.pagePython).timings")
     print(f"\npage-side Pyodide + tensorgrad wheel: {timings}")
     page.page.evaluate("async (src) => { const { pyodide } = await window.pagePython;"

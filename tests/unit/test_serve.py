@@ -1,6 +1,7 @@
 """`build.py serve` serves only files under its folder, on 127.0.0.1 only: '..' in any
-spelling, symlinks out of the tree and folder listings are 404s. `build.py test` hands its
-arguments to pytest as given."""
+spelling, symlinks out of the tree and folder listings are 404s; a mounted folder (the docs at
+/docs/) is served under its prefix with the same rules. `build.py test` hands its arguments to
+pytest as given."""
 
 from __future__ import annotations
 
@@ -68,6 +69,36 @@ def test_files_and_pages_inside_are_served(served) -> None:
     status, body = get(host, port, "/app/")
     assert status == 200 and b"app" in body
     assert get(host, port, "/raw/data.txt")[0] == 200  # files in a folder without a listing
+
+
+@pytest.fixture
+def mounted(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """The site above with a docs folder mounted at /docs/ (and a secret beside the docs)."""
+    site, docs = tmp_path / "site", tmp_path / "built" / "docs"
+    (site / "demos").mkdir(parents=True)
+    (docs / "guides").mkdir(parents=True)
+    (site / "index.html").write_text("<p>landing</p>")
+    (site / "demos" / "index.html").write_text("<p>demos</p>")
+    (docs / "index.html").write_text("<p>docs home</p>")
+    (docs / "guides" / "index.html").write_text("<p>a guide</p>")
+    (tmp_path / "built" / "secret.txt").write_text("secret")
+    server = build.serve_web(0, directory=site, quiet=True, mounts={"/docs/": docs})
+    host, port = server.server_address[:2]
+    yield host, port
+    server.shutdown()
+
+
+def test_a_mounted_folder_is_served_under_its_prefix(mounted) -> None:
+    host, port = mounted
+    assert get(host, port, "/") == (200, b"<p>landing</p>")
+    assert get(host, port, "/demos/") == (200, b"<p>demos</p>")
+    assert get(host, port, "/docs/") == (200, b"<p>docs home</p>")
+    assert get(host, port, "/docs/guides/") == (200, b"<p>a guide</p>")
+    assert get(host, port, "/docs")[0] == 301  # to /docs/, as for any folder
+    for path in ("/docs/../secret.txt", "/docs/%2e%2e/secret.txt", "/docs/..%2fsecret.txt",
+                 "/docs/guides/../../secret.txt", "/secret.txt", "/docs/nothing.html"):
+        status, body = get(host, port, path)
+        assert status == 404 and b"secret" not in body, (path, status, body[:80])
 
 
 def test_build_test_passes_every_argument_to_pytest_in_order() -> None:
