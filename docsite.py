@@ -228,6 +228,7 @@ class JsItem:
 _DECL = {
     "class": re.compile(r"^export class (\w+)(?: extends (\w+))?"),
     "function": re.compile(r"^export (?:async )?function (\w+)\s*\("),
+    "constant": re.compile(r"^export const (\w+)\s*="),
     "method": re.compile(r"^  (?:static )?(?:async )?(?:get |set )?(\w+)\s*\("),
     "field": re.compile(r"^    this\.([A-Za-z]\w*) = .*?;\s*//\s*(.*)$"),
 }
@@ -281,6 +282,8 @@ def js_api(source: str | None = None) -> list[JsItem]:
         elif (match := _DECL["function"].match(line)):
             sig = _balanced(lines, i, line.index("("))
             items.append(JsItem("function", match[1], sig, doc))
+        elif (match := _DECL["constant"].match(line)):
+            items.append(JsItem("constant", match[1], "", doc))
         elif owner and (match := _DECL["method"].match(line)) and \
                 match[1] not in _NOT_METHODS and not match[1].startswith("_"):
             sig = _balanced(lines, i, line.index("(", match.start(1)))
@@ -296,14 +299,14 @@ def js_api(source: str | None = None) -> list[JsItem]:
 
 def js_reference_markdown() -> str:
     """The JS client's page: every export, its methods and fields, then the protocol table."""
-    from tensorgrad.web.protocol import EVENTS, MESSAGES
+    from tensorgrad.web.protocol import EVENTS, MESSAGES, TYPES
 
     out = ["# JS page client (`tensorgrad.js`)", "",
            ("Generated from the JSDoc comments of `web/tensorgrad.js` (served at "
            "`/tensorgrad.js` by the bundle). Import it as an ES module; the [browser guide]"
            "(../guides/browser.md) shows it at work."), ""]
     items = js_api()
-    for top in (it for it in items if it.kind in ("class", "function")):
+    for top in (it for it in items if it.kind in ("class", "function", "constant")):
         if top.kind == "class":
             ext = f" extends `{top.extends}`" if top.extends else ""
             out += [f"## class `{top.name}`{ext} {{#js-{top.name}}}", "", top.doc, ""]
@@ -315,20 +318,34 @@ def js_reference_markdown() -> str:
             for m in (it for it in items if it.owner == top.name and it.kind == "method"):
                 out += [f"### `{top.name}.{m.name}()` {{#js-{top.name}-{m.name}}}", "",
                         "```js", f"{m.name}{m.signature}", "```", "", m.doc, ""]
+        elif top.kind == "constant":
+            out += [f"## `{top.name}` {{#js-{top.name}}}", "", top.doc, ""]
         else:
             out += [f"## `{top.name}()` {{#js-{top.name}}}", "",
                     "```js", f"{top.name}{top.signature}", "```", "", top.doc, ""]
     out += ["## Protocol", "",
             ("Every request the client sends (`session.request(kind, payload)`) and its reply, "
-            "from `tensorgrad/web/protocol.py`, which the worker and both clients check:"), "",
-            "| kind | payload (`?`: optional) | reply | what it does |", "|---|---|---|---|"]
+            "from `tensorgrad/web/protocol.py`, which the worker and both clients check, field "
+            "types included (`name: type`; `?`: optional; the types are listed below):"), "",
+            "| kind | payload | reply | what it does |", "|---|---|---|---|"]
     for kind, m in MESSAGES.items():
-        fields = ", ".join([*m.required, *(f"{f}?" for f in m.optional)])
-        reply = m.reply if isinstance(m.reply, str) else "{" + ", ".join(m.reply) + "}"
-        out.append(f"| `{kind}` | {cell(fields)} | {cell(reply)} | {cell(m.doc)} |")
-    out += ["", "Messages the worker sends on its own: "
-            + "; ".join(f"`{k}` ({', '.join(v)})" for k, v in EVENTS.items()) + "."]
+        out.append(f"| `{kind}` | {cell(_protocol_fields(m))} | {cell(_protocol_reply(m))} "
+                   f"| {cell(m.doc)} |")
+    out += ["", "Messages the worker sends on its own:", ""]
+    out += [f"- `{k}` {{{_protocol_fields(m)}}}: {m.doc}" for k, m in EVENTS.items()]
+    out += ["", "Field types:", "", "| type | a value of it |", "|---|---|"]
+    out += [f"| `{name}` | {cell(t.doc)} |" for name, t in TYPES.items()]
     return "\n".join(out) + "\n"
+
+
+def _protocol_fields(m: Any) -> str:
+    """A message's payload fields as `name: type`, optional ones marked with `?`."""
+    return ", ".join([*(f"{f}: {t}" for f, t in m.required.items()),
+                      *(f"{f}?: {t}" for f, t in m.optional.items())]) or "none"
+
+
+def _protocol_reply(m: Any) -> str:
+    return m.reply if isinstance(m.reply, str) else "{" + ", ".join(m.reply) + "}"
 
 
 # ---- code blocks of the guides (for the docs tests) ------------------------------------------

@@ -48,6 +48,9 @@ const isInteger = (v) => Number.isSafeInteger(v);
 const isShape = (v) => isInteger(v) || (Array.isArray(v) && v.every((d) => isInteger(d) || d == null));
 const isTypedArray = (v) => ArrayBuffer.isView(v) && TYPED_ARRAYS.includes(v.constructor?.name);
 
+/** The protocol's primitive field types, each a predicate on a JS value: the same names and
+ *  rules as `TYPES` in tensorgrad/web/protocol.py, which the worker checks (records and
+ *  either-of types are built from these by the table the worker sends in "ready"). */
 export const FIELD_CHECKS = {
   any: () => true,
   bool: (v) => typeof v === "boolean",
