@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # Operator precedence of an expression's outermost operation (higher binds tighter).
 ATOM, UNARY, MUL, ADD, CMP = 100, 90, 80, 70, 50
@@ -22,18 +21,22 @@ ATOM, UNARY, MUL, ADD, CMP = 100, 90, 80, 70, 50
 TORCH_DTYPES = {"f32": "torch.float32", "i32": "torch.int64", "bool": "torch.bool"}
 
 
-@dataclass
+# Plain classes and NamedTuples, not dataclasses: this module loads with `import tensorgrad`
+# (in the browser too), and a dataclass costs about a millisecond to define.
 class Expr:
     """Python source of one value, its outermost precedence, and the number it is when it is
     a 0-d constant written as a literal (`scalar`)."""
 
-    text: str
-    prec: int = ATOM
-    scalar: Any = None
+    __slots__ = ("prec", "scalar", "text")
+
+    def __init__(self, text: str, prec: int = ATOM, scalar: Any = None):
+        self.text, self.prec, self.scalar = text, prec, scalar
+
+    def __repr__(self) -> str:
+        return f"Expr({self.text!r}, prec={self.prec}, scalar={self.scalar!r})"
 
 
-@dataclass(frozen=True)
-class Sym:
+class Sym(NamedTuple):
     """A size that follows the None dim: a * N + c."""
 
     a: int
@@ -49,8 +52,7 @@ class Sym:
         return core
 
 
-@dataclass(frozen=True)
-class SymFloat:
+class SymFloat(NamedTuple):
     """A float op argument that follows the None dim: 1 / (a * N + c) (``recip``) or a*N+c."""
 
     a: float
@@ -58,8 +60,7 @@ class SymFloat:
     recip: bool
 
 
-@dataclass(frozen=True)
-class TorchNode:
+class TorchNode(NamedTuple):
     """One IR node as its translation sees it: sizes that follow the None dim are Syms."""
 
     op: str
