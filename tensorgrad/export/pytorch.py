@@ -31,7 +31,8 @@ as an expression of that size read from the input (``B = x.shape[0]``), so the e
 forward accepts any size there. Every other dim stays what was traced.
 
 Semantics. Every forward-reachable op of the op table (:func:`forward_ops`) has a
-translation; backward and optimizer ops raise :class:`ExportError`. Differences, all within
+translation, given where the op is defined (``define(..., torch=...)``); backward and
+optimizer ops (made after the trace, never in a forward) raise :class:`ExportError`. Differences, all within
 float tolerance or of measure zero: ``erf`` is exact in torch (tensorgrad uses a 1.5e-7
 approximation); ``abs`` and ``maximum``/``minimum`` give the torch gradient at exact ties;
 ``dropout``, ``randn`` and ``categorical`` draw from torch's generator (same distributions;
