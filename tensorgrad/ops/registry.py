@@ -2,8 +2,8 @@
 
 An :class:`OpDef` carries the shape/dtype rule, the backward rule (written in forward ops),
 the reference semantics (NumPy), the WGSL kernel emitter and the PyTorch translation (what
-``tg.export.torch`` writes for the op). Public op functions (what users
-call, e.g. `tg.gelu`) are registered with :func:`public` and compose primitives.
+``tg.export.torch`` writes for the op). Public op functions (what users call, e.g.
+`tg.gelu`) are registered with :func:`public` and compose primitives.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
            torch: TorchFn | None = None) -> OpDef:
     """Add a primitive to the op table (each name once). An elementwise op gives `expr`
     instead of `emit`: its kernel is derived, and the fusion pass can inline it. `torch`
-    writes the op as PyTorch source (required unless `vjp` is GRAD_ERROR)."""
+    writes the op as PyTorch source (every op but GRAD_ERROR ones needs one; checked by
+    tests/unit/test_op_table.py)."""
     if name in OPS:
         raise ValueError(f"op '{name}' is defined twice")
     if emit is None and expr is not None:
