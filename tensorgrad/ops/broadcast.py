@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from math import prod
 from typing import Any
 
+import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
@@ -60,10 +61,14 @@ define("broadcast_to", infer=_infer_broadcast_to,
        ref=lambda args, node: __import__("numpy").broadcast_to(args[0], node.shape).copy(),
        vjp=lambda ins, out, dy, attrs: [sum_to_shape(dy, ins[0].shape)],
        expr=lambda node: "a0", doc="Repeat size-1 / missing leading axes up to `shape`.",
+       torch=lambda n, a, cx: tx.method(cx.tensor(a[0], n.dtype),
+                                        f"expand({cx.dims(n.attrs['shape'])})"),
        zeros=same_last_two)
 define("sum_to_shape", infer=_infer_sum_to_shape, ref=_ref_sum_to_shape,
        vjp=lambda ins, out, dy, attrs: [broadcast_to(dy, ins[0].shape)],
        emit=_emit_sum_to_shape, doc="Sum the axes broadcasting added, down to `shape`.",
+       torch=lambda n, a, cx: tx.call(cx.helper("sum_to_shape"), a[0].text,
+                                      cx.tuple_(n.attrs["shape"])),
        stitch=Stitch(prologue=(0,), epilogue=True))
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
+import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
@@ -902,7 +903,38 @@ def _vjp_max_pool2d(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) ->
     return [record("max_pool2d_grad", [ins[0], dy], **at)]
 
 
+def _torch_pair(name: str, v: Any, default: Any) -> list[str]:
+    """`name=v` (one number where both are equal), or nothing at the default."""
+    v = tuple(v)
+    return [] if v == default else [f"{name}={v[0] if v[0] == v[1] else v}"]
+
+
+def _torch_conv2d(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    at = n.attrs
+    args = [a[0].text, a[1].text, *_torch_pair("stride", at["stride"], (1, 1)),
+            *_torch_pair("padding", at["padding"], (0, 0))]
+    if at["groups"] != 1:
+        args.append(f"groups={at['groups']}")
+    return tx.call("F.conv2d", *args)
+
+
+def _torch_max_pool2d(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    """F.max_pool2d, or a helper where the padding exceeds half the kernel (torch refuses)."""
+    kernel, stride, pad = (tuple(n.attrs[k]) for k in ("kernel", "stride", "padding"))
+    one = (lambda v: str(v[0]) if v[0] == v[1] else str(v))
+    if pad[0] * 2 > kernel[0] or pad[1] * 2 > kernel[1]:
+        return tx.call(cx.helper("max_pool2d_padded"), a[0].text, one(kernel), one(stride),
+                       str(pad))
+    args = [a[0].text, one(kernel)]
+    if stride != kernel:
+        args.append(f"stride={one(stride)}")
+    if pad != (0, 0):
+        args.append(f"padding={one(pad)}")
+    return tx.call("F.max_pool2d", *args)
+
+
 define("conv2d", infer=_infer_conv2d, ref=_ref_conv2d, vjp=_vjp_conv2d, emit=_emit_conv2d,
+       torch=_torch_conv2d,
        doc="NCHW convolution x[B,Cin,H,W] * w[Cout,Cin/G,kH,kW] -> [B,Cout,Ho,Wo] "
            "(register-tiled on software targets).")
 define("conv2d_input_grad", infer=_infer_conv2d_input_grad, ref=_ref_conv2d_input_grad,
@@ -914,7 +946,8 @@ define("conv2d_weight_grad", infer=_infer_conv2d_weight_grad, ref=_ref_conv2d_we
        doc="d conv2d / d w from (x, dy): a sum over batch and output pixels per weight "
            "(a workgroup per block of weights on software targets).")
 define("max_pool2d", infer=_infer_max_pool2d, ref=_ref_max_pool2d, vjp=_vjp_max_pool2d,
-       emit=_emit_max_pool2d, doc="Window max over [B,C,H,W]; padding never wins.")
+       emit=_emit_max_pool2d, torch=_torch_max_pool2d,
+       doc="Window max over [B,C,H,W]; padding never wins.")
 define("max_pool2d_grad", infer=_infer_max_pool2d_grad, ref=_ref_max_pool2d_grad,
        vjp=GRAD_ERROR, emit=_emit_max_pool2d_grad,
        doc="dy routed to each window's first maximum (recomputed scan).")

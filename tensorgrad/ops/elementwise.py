@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
 
 from ..errors import ShapeError
@@ -83,11 +84,20 @@ def _infer_full(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, s
     return tuple(attrs["shape"]), attrs["dtype"]
 
 
+def _torch_full(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    value = float(n.attrs["value"]) if n.dtype == "f32" else (
+        bool(n.attrs["value"]) if n.dtype == "bool" else int(n.attrs["value"]))
+    if not n.shape:
+        return tx.constant(value)
+    return tx.call("torch.full", cx.tuple_(n.shape), tx.literal(value),
+                   f"dtype={tx.TORCH_DTYPES[n.dtype]}", f"device={cx.device()}")
+
+
 define("full", infer=_infer_full,
        ref=lambda args, node: _np().full(node.shape, node.attrs["value"]),
        vjp=NO_GRAD,
        expr=lambda node: w.lit(node.attrs["value"], node.dtype),
-       doc="A tensor filled with one value.")
+       torch=_torch_full, doc="A tensor filled with one value.")
 
 
 def full(shape: Sequence[int], value: float, dtype: str = "f32") -> Tensor:
@@ -143,28 +153,31 @@ def _binary_infer(op: str, dtypes: tuple[str, ...], out_dtype: str | None = None
 
 
 def _binary(name: str, np_fn: Callable[[Any, Any], Any], expr: str, vjp: Any,
-            dtypes: tuple[str, ...] = ("f32", "i32"), out_dtype: str | None = None,
-            doc: str = "") -> None:
+            torch: tx.TorchFn, dtypes: tuple[str, ...] = ("f32", "i32"),
+            out_dtype: str | None = None, doc: str = "") -> None:
     define(name, infer=_binary_infer(name, dtypes, out_dtype),
            ref=lambda args, node: np_fn(args[0], args[1]),
-           vjp=vjp, expr=lambda node: expr,
+           vjp=vjp, expr=lambda node: expr, torch=torch,
            doc=doc or f"elementwise {expr} with broadcasting")
 
 
 _binary("add", lambda a, b: a + b, "(a0 + a1)",
         lambda ins, out, dy, at: [_unbroadcast(dy, ins[0].shape),
-                                  _unbroadcast(dy, ins[1].shape)])
+                                  _unbroadcast(dy, ins[1].shape)],
+        tx.operator("+", tx.ADD))
 _binary("sub", lambda a, b: a - b, "(a0 - a1)",
         lambda ins, out, dy, at: [_unbroadcast(dy, ins[0].shape),
-                                  _unbroadcast(neg(dy), ins[1].shape)])
+                                  _unbroadcast(neg(dy), ins[1].shape)],
+        tx.operator("-", tx.ADD))
 _binary("mul", lambda a, b: a * b, "(a0 * a1)",
         lambda ins, out, dy, at: [_unbroadcast(mul(dy, ins[1]), ins[0].shape),
-                                  _unbroadcast(mul(dy, ins[0]), ins[1].shape)])
+                                  _unbroadcast(mul(dy, ins[0]), ins[1].shape)],
+        tx.operator("*", tx.MUL))
 _binary("div", lambda a, b: a / b, "(a0 / a1)",
         lambda ins, out, dy, at: [
             _unbroadcast(div(dy, ins[1]), ins[0].shape),
             _unbroadcast(neg(div(mul(dy, ins[0]), mul(ins[1], ins[1]))), ins[1].shape)],
-        dtypes=("f32",))
+        tx.operator("/", tx.MUL), dtypes=("f32",))
 
 
 def _minmax_vjp(compare: Callable[[Tensor, Tensor], Tensor]):
@@ -176,12 +189,25 @@ def _minmax_vjp(compare: Callable[[Tensor, Tensor], Tensor]):
     return vjp
 
 
+def _torch_minmax(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    """torch.clamp against a number, else torch.minimum / torch.maximum."""
+    x, y = a
+    bound = "min" if n.op == "maximum" else "max"
+    if y.scalar is not None and x.scalar is None:
+        return tx.call("torch.clamp", x.text, f"{bound}={y.text}")
+    if x.scalar is not None and y.scalar is None:
+        return tx.call("torch.clamp", y.text, f"{bound}={x.text}")
+    return tx.call(f"torch.{n.op}", cx.tensor(x, n.dtype).text, cx.tensor(y, n.dtype).text)
+
+
 _binary("minimum", lambda a, b: _np().minimum(a, b), "min(a0, a1)",
-        _minmax_vjp(lambda a, b: less(a, b)))
+        _minmax_vjp(lambda a, b: less(a, b)), _torch_minmax)
 _binary("maximum", lambda a, b: _np().maximum(a, b), "max(a0, a1)",
-        _minmax_vjp(lambda a, b: greater(a, b)))
-_binary("less", lambda a, b: a < b, "select(0u, 1u, a0 < a1)", NO_GRAD, out_dtype="bool")
-_binary("greater", lambda a, b: a > b, "select(0u, 1u, a0 > a1)", NO_GRAD, out_dtype="bool")
+        _minmax_vjp(lambda a, b: greater(a, b)), _torch_minmax)
+_binary("less", lambda a, b: a < b, "select(0u, 1u, a0 < a1)", NO_GRAD,
+        tx.operator("<", tx.CMP), out_dtype="bool")
+_binary("greater", lambda a, b: a > b, "select(0u, 1u, a0 > a1)", NO_GRAD,
+        tx.operator(">", tx.CMP), out_dtype="bool")
 
 
 def _scalar_infer(op: str):
@@ -191,16 +217,30 @@ def _scalar_infer(op: str):
     return infer
 
 
+def _torch_add_scalar(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    s = cx.number(n.attrs["scalar"])
+    if s.scalar is not None and s.scalar < 0:
+        return tx.binary(a[0], "-", tx.constant(-s.scalar), tx.ADD)
+    return tx.binary(a[0], "+", s, tx.ADD)
+
+
+def _torch_mul_scalar(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    s = cx.number(n.attrs["scalar"])
+    if s.scalar == -1:
+        return tx.negate(a[0])
+    return tx.binary(a[0], "*", s, tx.MUL)
+
+
 define("add_scalar", infer=_scalar_infer("add_scalar"),
        ref=lambda args, node: args[0] + node.attrs["scalar"],
        vjp=lambda ins, out, dy, at: [dy],
        expr=lambda node: f"(a0 + {w.lit(node.attrs['scalar'], node.dtype)})",
-       doc="x + scalar")
+       torch=_torch_add_scalar, doc="x + scalar")
 define("mul_scalar", infer=_scalar_infer("mul_scalar"),
        ref=lambda args, node: args[0] * node.attrs["scalar"],
        vjp=lambda ins, out, dy, at: [mul_scalar(dy, at["scalar"])],
        expr=lambda node: f"(a0 * {w.lit(node.attrs['scalar'], node.dtype)})",
-       doc="x * scalar",
+       torch=_torch_mul_scalar, doc="x * scalar",
        zeros=lambda node, inputs, zeros: zeros[0] if is_finite_number(node.attrs["scalar"])
        else None)
 
@@ -289,9 +329,17 @@ def _vjp_where(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> l
             _unbroadcast(where(cond, 0.0, dy), b.shape)]
 
 
+def _torch_where(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    c, x, y = a
+    c = cx.tensor(c, "bool")
+    if x.scalar is not None and y.scalar is not None:
+        x = cx.tensor(x, n.dtype)
+    return tx.call("torch.where", c.text, x.text, y.text)
+
+
 define("where", infer=_infer_where,
        ref=lambda args, node: _np().where(args[0], args[1], args[2]),
-       vjp=_vjp_where, expr=lambda node: "select(a2, a1, a0 != 0u)",
+       vjp=_vjp_where, expr=lambda node: "select(a2, a1, a0 != 0u)", torch=_torch_where,
        doc="cond ? a : b with 3-way broadcasting")
 
 
@@ -316,9 +364,10 @@ def _unary_infer(op: str):
 
 
 def _unary(name: str, np_fn: Callable[[Any], Any], expr: str, vjp: Any, doc: str,
-           prelude: str = "", zeros: ZerosFn | None = None) -> Callable[[Tensor], Tensor]:
+           torch: tx.TorchFn, prelude: str = "", zeros: ZerosFn | None = None
+           ) -> Callable[[Tensor], Tensor]:
     define(name, infer=_unary_infer(name), ref=lambda args, node: np_fn(args[0]), vjp=vjp,
-           expr=lambda node: expr, prelude=prelude, doc=doc, zeros=zeros)
+           expr=lambda node: expr, prelude=prelude, doc=doc, zeros=zeros, torch=torch)
 
     def fn(x: Tensor) -> Tensor:
         return record(name, [x])
@@ -329,34 +378,45 @@ def _unary(name: str, np_fn: Callable[[Any], Any], expr: str, vjp: Any, doc: str
 
 sqrt = _unary("sqrt", lambda x: _np().sqrt(x), "nan_if(sqrt(a0), a0 < 0.0f)",
               lambda i, c, dy, at: [mul_scalar(div(dy, c), 0.5)], "Square root",
-              prelude=NAN_WGSL)
+              prelude=NAN_WGSL,
+              torch=tx.function("torch.sqrt"))
 rsqrt = _unary("rsqrt", lambda x: 1.0 / _np().sqrt(x), "nan_if(1.0f / sqrt(a0), a0 < 0.0f)",
                lambda i, c, dy, at: [mul_scalar(mul(dy, mul(c, mul(c, c))), -0.5)],
-               "1 / sqrt(x)", prelude=NAN_WGSL)
+               "1 / sqrt(x)", prelude=NAN_WGSL,
+               torch=tx.function("torch.rsqrt"))
 log = _unary("log", lambda x: _np().log(x), "nan_if(log(a0), a0 < 0.0f)",
-             lambda i, c, dy, at: [div(dy, i[0])], "Natural log", prelude=NAN_WGSL)
+             lambda i, c, dy, at: [div(dy, i[0])], "Natural log", prelude=NAN_WGSL,
+             torch=tx.function("torch.log"))
 exp = _unary("exp", lambda x: _np().exp(x), "exp(a0)",
-             lambda i, c, dy, at: [mul(dy, c)], "e^x")
+             lambda i, c, dy, at: [mul(dy, c)], "e^x",
+             torch=tx.function("torch.exp"))
 neg = _unary("neg", lambda x: -x, "(-a0)", lambda i, c, dy, at: [neg(dy)], "-x",
-             zeros=lambda node, inputs, zeros: zeros[0])
+             zeros=lambda node, inputs, zeros: zeros[0],
+             torch=lambda n, a, cx: tx.negate(a[0]))
 abs = _unary("abs", lambda x: _np().abs(x), "abs(a0)",
              lambda i, c, dy, at: [where(less(i[0], 0.0), neg(dy), dy)],
-             "|x| (gradient +1 at 0)")
+             "|x| (gradient +1 at 0)",
+             torch=tx.function("torch.abs"))
 tanh = _unary("tanh", lambda x: _np().tanh(x), "tanh_tg(a0)",
               lambda i, c, dy, at: [mul(dy, add_scalar(neg(mul(c, c)), 1.0))],
-              "Hyperbolic tangent", prelude=TANH_WGSL)
+              "Hyperbolic tangent", prelude=TANH_WGSL,
+              torch=tx.function("torch.tanh"))
 sigmoid = _unary("sigmoid", lambda x: 0.5 + 0.5 * _np().tanh(0.5 * x),
                  "(0.5f + 0.5f * tanh_tg(0.5f * a0))",
                  lambda i, c, dy, at: [mul(dy, sub(c, mul(c, c)))],
-                 "Logistic sigmoid, computed as 0.5 + 0.5 tanh(x/2)", prelude=TANH_WGSL)
+                 "Logistic sigmoid, computed as 0.5 + 0.5 tanh(x/2)", prelude=TANH_WGSL,
+                 torch=tx.function("torch.sigmoid"))
 erf = _unary("erf", erf_reference, "erf_as(a0)",
              lambda i, c, dy, at: [mul(dy, mul_scalar(exp(neg(mul(i[0], i[0]))),
                                                       TWO_OVER_SQRT_PI))],
-             "Error function (Abramowitz-Stegun 7.1.26)", prelude=ERF_WGSL)
+             "Error function (Abramowitz-Stegun 7.1.26)", prelude=ERF_WGSL,
+             torch=tx.function("torch.erf"))
 sin = _unary("sin", lambda x: _np().sin(x), "sin(a0)",
-             lambda i, c, dy, at: [mul(dy, cos(i[0]))], "Sine")
+             lambda i, c, dy, at: [mul(dy, cos(i[0]))], "Sine",
+             torch=tx.function("torch.sin"))
 cos = _unary("cos", lambda x: _np().cos(x), "cos(a0)",
-             lambda i, c, dy, at: [mul(dy, neg(sin(i[0])))], "Cosine")
+             lambda i, c, dy, at: [mul(dy, neg(sin(i[0])))], "Cosine",
+             torch=tx.function("torch.cos"))
 # max(NaN, 0) is 0 on some drivers: a NaN must stay NaN (as in NumPy and PyTorch), or a bad
 # input would vanish silently in the forward.
 IS_NAN_WGSL = """fn is_nan(x: f32) -> bool {
@@ -364,7 +424,8 @@ IS_NAN_WGSL = """fn is_nan(x: f32) -> bool {
 }"""
 relu = _unary("relu", lambda x: _np().maximum(x, 0), "select(max(a0, 0.0f), a0, is_nan(a0))",
               lambda i, c, dy, at: [record("relu_grad", [c, dy])], "max(x, 0)",
-              prelude=IS_NAN_WGSL)
+              prelude=IS_NAN_WGSL,
+              torch=tx.function("torch.relu"))
 
 
 def _infer_relu_grad(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
@@ -387,7 +448,8 @@ def _infer_same(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, s
 
 
 define("stop_gradient", infer=_infer_same, ref=lambda args, node: args[0].copy(),
-       vjp=NO_GRAD, expr=lambda node: "a0", doc="identity, no gradient")
+       vjp=NO_GRAD, expr=lambda node: "a0", doc="identity, no gradient",
+       torch=lambda n, a, cx: tx.method(cx.tensor(a[0], n.dtype), "detach()"))
 
 
 @public

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
@@ -92,9 +93,20 @@ def _expr_one_hot(node: Node) -> str:
     return f"select({w.lit(0, dt)}, {w.lit(1, dt)}, {hit})"
 
 
+def _torch_one_hot(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    args = [a[0].text, cx.dim(n.attrs["depth"])]  # indices [..., 1], as the primitive takes them
+    ignore = n.attrs.get("ignore_index")  # cross_entropy / nll_loss targets: torch's ignore_index
+    if n.dtype != "f32" or ignore is not None:
+        args.append(tx.TORCH_DTYPES[n.dtype])
+    if ignore is not None:
+        args.append(f"ignore_index={ignore}")
+    return tx.call(cx.helper("one_hot"), *args)
+
+
 # Elementwise (the indices [..., 1] broadcast along the classes), so a one-hot product such as
 # nll_loss's is fused into the kernel that reads it instead of being stored.
 define("one_hot", infer=_infer_one_hot, ref=_ref_one_hot, vjp=NO_GRAD, expr=_expr_one_hot,
+       torch=_torch_one_hot,
        doc="i32 [..., 1] -> [..., depth]: 1 where the index equals the position along the "
            "last axis, else 0 (no 1 when out of range, nor for an index equal to the "
            "ignore_index attr, None for none; the bound check of inputs allows that value).")
@@ -239,11 +251,18 @@ def _infer_arange(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape,
     return (n,), attrs["dtype"]
 
 
+def _torch_arange(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    args = [cx.dim(n.attrs["n"])]
+    if n.dtype == "f32":
+        args.append("dtype=torch.float32")
+    return tx.call("torch.arange", *args, f"device={cx.device()}")
+
+
 define("arange", infer=_infer_arange,
        ref=lambda args, node: _np().arange(node.attrs["n"]),
        vjp=NO_GRAD,
        emit=lambda ctx: w.thread_kernel(ctx, f"  out[i] = {w.wgsl_type(ctx.node.dtype)}(i);"),
-       doc="[n] of 0..n-1.")
+       torch=_torch_arange, doc="[n] of 0..n-1.")
 
 
 @public
@@ -378,6 +397,7 @@ def _emit_scatter_add_rows(ctx: EmitContext) -> Kernel:
 # times each, so they are not stitched) and writes each output once.
 define("gather_rows", infer=_infer_gather_rows, ref=_ref_gather_rows, vjp=_vjp_gather_rows,
        emit=_emit_gather_rows, stitch=Stitch(prologue=(0, 1), prologue_ops=2, epilogue=True),
+       torch=lambda n, a, cx: tx.call(cx.helper("embedding"), a[0].text, a[1].text),
        doc="table [V, D], i32 idx [...] -> [..., D]: row idx of table (a zero row when out "
            "of range); one thread per output element.")
 define("scatter_add_rows", infer=_infer_scatter_add_rows, ref=_ref_scatter_add_rows,

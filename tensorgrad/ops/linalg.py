@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
+import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
@@ -456,12 +457,21 @@ def _emit(ctx: EmitContext) -> Kernel:
 # Each operand element is read many times (once per output row or column tile), so a
 # prologue is held to one arithmetic op (a permute, a scale, a relu mask).
 MATMUL_STITCH = Stitch(prologue=(0, 1), prologue_ops=1, epilogue=True)
+def _torch_matmul(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    x, y = a
+    if n.attrs.get("transpose_a"):
+        x = tx.method(x, "transpose(-2, -1)")
+    if n.attrs.get("transpose_b"):
+        y = tx.method(y, "transpose(-2, -1)")
+    return tx.binary(x, "@", y, tx.MUL)
+
+
 define("matmul", infer=_infer_matmul, ref=_ref_matmul, vjp=_vjp_matmul, emit=_emit,
        doc="[..., M, K] @ [K, N] -> [..., M, N] (lhs leading dims flattened into rows).",
-       stitch=MATMUL_STITCH)
+       stitch=MATMUL_STITCH, torch=_torch_matmul)
 define("matmul_batched", infer=_infer_matmul_batched, ref=_ref_matmul, vjp=_vjp_matmul,
        emit=_emit, doc="[..., M, K] @ [..., K, N] -> [..., M, N] with equal batch dims.",
-       stitch=MATMUL_STITCH)
+       stitch=MATMUL_STITCH, torch=_torch_matmul)
 
 
 @public

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
@@ -105,6 +106,9 @@ def _vjp_normalize(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> 
 
 define("normalize_last", infer=_infer_normalize("normalize_last"), ref=_ref_normalize,
        vjp=_vjp_normalize, emit=_emit_normalize, stitch=ROW_STITCH,
+       torch=lambda n, a, cx: tx.call(cx.helper("normalize_last"), a[0].text,
+                                      tx.literal(float(n.attrs["eps"])),
+                                      repr(bool(n.attrs["center"]))),
        doc="(x - mean) / sqrt(var + eps) over the last axis (center), or x / sqrt(mean(x²) "
            "+ eps); one row kernel.")
 define("normalize_last_grad", infer=_infer_normalize("normalize_last_grad"),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
+import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
@@ -91,13 +92,15 @@ def _infer_mean_last(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Sha
 define("sum_last", infer=_infer_last("sum_last", keep=False),
        ref=lambda args, node: _np().sum(args[0], axis=-1),
        vjp=lambda ins, out, dy, at: [broadcast_to(_keep_last(dy, ins[0].shape), ins[0].shape)],
-       emit=_emit_sum_last, doc="Sum over the last axis, dropping it: [..., D] -> [...].",
+       emit=_emit_sum_last, torch=tx.last_axis("sum(-1)"),
+       doc="Sum over the last axis, dropping it: [..., D] -> [...].",
        stitch=Stitch(prologue=(0,), epilogue=True))
 define("mean_last", infer=_infer_mean_last,
        ref=lambda args, node: _np().mean(args[0], axis=-1, keepdims=True),
        vjp=lambda ins, out, dy, at: [mul_scalar(broadcast_to(dy, ins[0].shape),
                                                 1.0 / ins[0].shape[-1])],
-       emit=_emit_mean_last, doc="Mean over the last axis, kept: [..., D] -> [..., 1].",
+       emit=_emit_mean_last, torch=tx.last_axis("mean(-1, keepdim=True)"),
+       doc="Mean over the last axis, kept: [..., D] -> [..., 1].",
        stitch=Stitch(prologue=(0,), epilogue=True))
 
 
@@ -176,7 +179,7 @@ def _emit_argmax_last(ctx: EmitContext) -> Kernel:
 
 define("argmax_last", infer=_infer_last("argmax_last", keep=False, out_dtype="i32"),
        ref=lambda args, node: _np().argmax(args[0], axis=-1).astype(_np().int32),
-       vjp=NO_GRAD, emit=_emit_argmax_last,
+       vjp=NO_GRAD, emit=_emit_argmax_last, torch=tx.last_axis("argmax(-1)"),
        doc="Index of the max over the last axis (ties: first), i32, axis dropped.")
 
 
@@ -390,11 +393,13 @@ ROW_STITCH = Stitch(prologue=(0,), prologue_ops=2, epilogue=True)
 define("log_softmax_last", infer=_infer_last("log_softmax_last", keep=True),
        ref=_ref_log_softmax, vjp=_vjp_log_softmax,
        emit=lambda ctx: _emit_softmax_rows(ctx, causal=False),
+       torch=tx.last_axis("log_softmax(-1)"),
        doc="x - logsumexp(x) over the last axis (max-subtracted, max starts at -1e30).",
        stitch=ROW_STITCH)
 define("softmax_causal_last", infer=_infer_last("softmax_causal_last", keep=True, square=True),
        ref=_ref_softmax_causal, vjp=_vjp_softmax_causal,
        emit=lambda ctx: _emit_softmax_rows(ctx, causal=True),
+       torch=lambda n, a, cx: tx.call(cx.helper("softmax_causal"), a[0].text),
        doc="Softmax of row q over columns 0..q of a [..., T, T] tensor; later columns 0.",
        stitch=ROW_STITCH, zeros=lambda node, inputs, zeros: "above")
 # Their backwards: one row kernel each (a sum over the row, then the write). They read dy
@@ -471,6 +476,8 @@ def _ref_where_causal(args: Sequence[Any], node: Node) -> Any:
 
 define("where_causal", infer=_infer_where_causal, ref=_ref_where_causal,
        vjp=lambda ins, out, dy, at: [where_causal(dy, 0.0)], emit=_emit_where_causal,
+       torch=lambda n, a, cx: tx.call(cx.helper("where_causal"), a[0].text,
+                                      tx.literal(float(n.attrs["fill"]))),
        doc="x with entries whose column is past their row set to `fill` ([..., T, T]).",
        zeros=lambda node, inputs, zeros: "above" if node.attrs["fill"] == 0 else None)
 

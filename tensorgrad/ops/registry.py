@@ -1,8 +1,9 @@
 """The op table: every primitive op kind defined once, with everything about it.
 
 An :class:`OpDef` carries the shape/dtype rule, the backward rule (written in forward ops),
-the reference semantics (NumPy) and the WGSL kernel emitter. Public op functions (what users
-call, e.g. `tg.gelu`) are registered with :func:`public` and compose primitives.
+the reference semantics (NumPy), the WGSL kernel emitter and the PyTorch translation (what
+``tg.export.torch`` writes for the op). Public op functions (what users call, e.g.
+`tg.gelu`) are registered with :func:`public` and compose primitives.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..codegen.kernel import EmitContext, Kernel
+from ..codegen.torchexpr import TorchFn
 from ..codegen.wgsl import elementwise
 from ..errors import ShapeError, TraceError, user_call_site
 from ..ir import Node, Shape
@@ -36,7 +38,10 @@ ExprFn = Callable[[Node], str]
 ZerosFn = Callable[[Node, Sequence[Node], Sequence[str | None]], str | None]
 
 NO_GRAD = "no_grad"          # the op contributes no gradient (argmax, comparisons, ...)
-GRAD_ERROR = "grad_error"    # differentiating through it is an error (backward/optimizer ops)
+# Differentiating through it is an error: backward and optimizer ops, and ops a pass makes.
+# They are made after the trace (by autograd, the optimizer or a pass), so they never appear
+# in a traced forward, which is all that tg.export.torch writes: they have no `torch`.
+GRAD_ERROR = "grad_error"
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,9 @@ class OpDef:
     pack: bool = False
     stitch: Stitch | None = None
     zeros: ZerosFn | None = None
+    # The PyTorch translation (see codegen/torchexpr.py): every op a traced forward can hold
+    # has one (tests/unit/test_op_table.py checks it); GRAD_ERROR ops have none.
+    torch: TorchFn | None = None
 
 
 OPS: dict[str, OpDef] = {}
@@ -84,15 +92,19 @@ PUBLIC: dict[str, Callable[..., Any]] = {}
 def define(name: str, *, infer: InferFn, ref: RefFn, vjp: VjpFn | str,
            emit: EmitFn | None = None, doc: str = "", expr: ExprFn | None = None,
            prelude: str = "", view: ViewFn | None = None, pack: bool = False,
-           stitch: Stitch | None = None, zeros: ZerosFn | None = None) -> OpDef:
+           stitch: Stitch | None = None, zeros: ZerosFn | None = None,
+           torch: TorchFn | None = None) -> OpDef:
     """Add a primitive to the op table (each name once). An elementwise op gives `expr`
-    instead of `emit`: its kernel is derived, and the fusion pass can inline it."""
+    instead of `emit`: its kernel is derived, and the fusion pass can inline it. `torch`
+    writes the op as PyTorch source (every op but GRAD_ERROR ones needs one; checked by
+    tests/unit/test_op_table.py)."""
     if name in OPS:
         raise ValueError(f"op '{name}' is defined twice")
     if emit is None and expr is not None:
         def emit(ctx: EmitContext) -> Kernel:
             return elementwise(ctx, expr(ctx.node), prelude=prelude)
-    op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude, view, pack, stitch, zeros)
+    op = OpDef(name, infer, ref, vjp, emit, doc, expr, prelude, view, pack, stitch, zeros,
+               torch)
     OPS[name] = op
     return op
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from math import prod
 from typing import Any
 
+import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
@@ -62,11 +63,25 @@ def _infer_reshape(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape
     return resolve_shape("reshape", a.shape, attrs["shape"]), a.dtype
 
 
+def _torch_reshape(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    """`.reshape(...)` with -1 for the size that follows the None dim (or, when none does,
+    for the one dim that is not 1)."""
+    target = list(n.attrs["shape"])
+    syms = [k for k, d in enumerate(target) if isinstance(d, tx.Sym)]
+    if len(syms) == 1:
+        target[syms[0]] = -1
+    elif not syms:
+        big = [k for k, d in enumerate(target) if d != 1]
+        if len(big) == 1:
+            target[big[0]] = -1   # the same size whatever the input's size
+    return tx.method(a[0], f"reshape({cx.dims(target)})")
+
+
 define("reshape", infer=_infer_reshape,
        ref=lambda args, node: args[0].reshape(node.shape).copy(),
        vjp=lambda ins, out, dy, at: [reshape(dy, ins[0].shape)],
        emit=lambda ctx: w.thread_kernel(ctx, "  out[i] = in0[i];"),
-       view=lambda node, src: 0, zeros=same_last_two,
+       view=lambda node, src: 0, zeros=same_last_two, torch=_torch_reshape,
        doc="Same elements in row-major order, new shape (a view of the input's buffer; a "
            "copy only where the result needs a buffer of its own).")
 
@@ -120,11 +135,23 @@ def _permute_zeros(node: Node, inputs: Sequence[Node], zeros: Sequence[str | Non
     return zeros[0] if perm[-1] == rank - 1 else flip_triangle(zeros[0])
 
 
+def _torch_permute(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    """`.transpose(i, j)` for a swap of two axes, else `.permute(...)`."""
+    perm = list(n.attrs["perm"])
+    moved = [k for k, p in enumerate(perm) if p != k]
+    if len(moved) == 2 and perm[moved[0]] == moved[1]:
+        i, j = moved
+        if (i, j) == (len(perm) - 2, len(perm) - 1):
+            i, j = -2, -1
+        return tx.method(a[0], f"transpose({i}, {j})")
+    return tx.method(a[0], f"permute({', '.join(map(str, perm))})")
+
+
 define("permute", infer=_infer_permute,
        ref=lambda args, node: _np().transpose(args[0], node.attrs["perm"]).copy(),
        vjp=lambda ins, out, dy, at: [permute(dy, _inverse(at["perm"]))],
        emit=_emit_permute, doc="Reorder axes: out axis k is input axis perm[k].",
-       zeros=_permute_zeros)
+       zeros=_permute_zeros, torch=_torch_permute)
 
 
 @public
@@ -220,10 +247,18 @@ def _slice_view(node: Node, src: Node) -> int | None:
     return offset if offset % 256 == 0 else None
 
 
+def _torch_slice(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    at, rank = n.attrs, len(n.shape)
+    span = f"{cx.dim(at['start']) if at['start'] != 0 else ''}:{cx.dim(at['end'])}"
+    index = f"..., {span}" if at["axis"] == rank - 1 and rank > 1 else \
+        ", ".join([":"] * at["axis"] + [span])
+    return tx.Expr(f"{tx.paren(a[0], tx.ATOM)}[{index}]")
+
+
 define("slice_range", infer=_infer_slice, ref=_ref_slice,
        vjp=lambda ins, out, dy, at: [scatter_axis(dy, ins[0].shape, at["axis"], at["start"],
                                                   at["end"])],
-       emit=_emit_slice, view=_slice_view,
+       emit=_emit_slice, view=_slice_view, torch=_torch_slice,
        doc="x[..., start:end, ...] along `axis` (axis >= 0); a view when contiguous and "
            "256-byte aligned.")
 
@@ -369,9 +404,17 @@ def _emit_concat(ctx: EmitContext) -> Kernel:
     return w.thread_kernel(ctx, "\n".join(lines))
 
 
+def _torch_concat(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
+    items = ", ".join(cx.tensor(e, n.dtype).text for e in a)
+    axis = n.attrs["axis"]
+    if axis == len(n.shape) - 1 and len(n.shape) > 1:
+        axis = -1
+    return tx.call("torch.cat", f"[{items}]", f"dim={axis}")
+
+
 define("concat", infer=_infer_concat,
        ref=lambda args, node: _np().concatenate(args, axis=node.attrs["axis"]),
-       vjp=_vjp_concat, emit=_emit_concat,
+       vjp=_vjp_concat, emit=_emit_concat, torch=_torch_concat,
        doc="Join 1..7 tensors along `axis` (axis >= 0).")
 
 

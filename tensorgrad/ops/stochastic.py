@@ -22,6 +22,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
@@ -127,8 +128,12 @@ def _vjp_dropout(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> li
     return [record("dropout", [dy, ins[1]], p=at["p"], salt=at["salt"]), None]
 
 
+# torch draws from its own generator (same distribution); dropout follows module.train().
 define("dropout", infer=_infer_dropout, ref=_ref_dropout, vjp=_vjp_dropout,
        emit=_emit_dropout,
+       torch=lambda n, a, cx: tx.call("F.dropout", a[0].text,
+                                      f"p={tx.literal(float(n.attrs['p']))}",
+                                      "training=self.training"),
        doc="Inverted dropout: keep with probability 1-p (u >= p), scale kept by 1/(1-p).")
 
 
@@ -175,6 +180,8 @@ def _emit_randn(ctx: EmitContext) -> Kernel:
 
 
 define("randn", infer=_infer_randn, ref=_ref_randn, vjp=NO_GRAD, emit=_emit_randn,
+       torch=lambda n, a, cx: tx.call("torch.randn", cx.tuple_(n.attrs["shape"]),
+                                      f"device={cx.device()}"),
        doc="Standard normal samples (Box-Muller on two hashed uniforms).")
 
 
@@ -225,6 +232,7 @@ def _emit_categorical(ctx: EmitContext) -> Kernel:
 
 define("categorical_last", infer=_infer_categorical, ref=_ref_categorical, vjp=NO_GRAD,
        emit=_emit_categorical,
+       torch=lambda n, a, cx: tx.call(cx.helper("categorical"), a[0].text),
        doc="One i32 sample per row of the last axis by Gumbel-max over raw logits.")
 
 

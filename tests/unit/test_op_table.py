@@ -1,12 +1,17 @@
 """The op table is complete: every op has all its parts and test cases that exercise it.
 
-Each family test module (tests/unit/test_ops_*.py) exports `CASES`; test_optim.py and
+Every op a traced forward can hold has its PyTorch translation (`torch=`, what
+`tg.export.torch` writes); backward/optimizer/pass-made ops (vjp GRAD_ERROR) are made after the
+trace, never exported, and have none. Each family test module (tests/unit/test_ops_*.py) exports `CASES`; test_optim.py and
 test_fuse.py export `COVERS` too (primitive names their other tests exercise). A public op
 is covered when some Case names it; a primitive is covered when it appears in some case's
 forward+backward graph or in a COVERS set.
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -56,3 +61,29 @@ def test_op_definition_is_complete(name: str) -> None:
     assert callable(op.emit), f"{name} has no WGSL emitter"
     assert callable(op.vjp) or op.vjp in (NO_GRAD, GRAD_ERROR)
     assert op.doc, f"{name} has no doc line"
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_forward_op_has_a_torch_translation(name: str) -> None:
+    op = OPS[name]
+    if op.vjp == GRAD_ERROR:
+        assert op.torch is None, (f"{name} is a backward/optimizer op (vjp GRAD_ERROR): no "
+                                  "exported forward holds it, so its torch= is never used")
+    else:
+        assert callable(op.torch), (f"{name} can appear in a traced forward but has no torch "
+                                    "translation: give define(..., torch=...) (see "
+                                    "tensorgrad/codegen/torchexpr.py)")
+
+
+def test_import_tensorgrad_loads_neither_torch_nor_the_exporter() -> None:
+    """The translations live in the op table, which `import tensorgrad` loads (in the browser
+    too): they are text, and the exporter itself loads on first use of `tg.export`."""
+    code = ("import sys, tensorgrad as tg\n"
+            "print(sorted(m for m in sys.modules if m == 'torch'\n"
+            "             or m.startswith('tensorgrad.export')))\n"
+            "tg.export\n"
+            "print('tensorgrad.export.pytorch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    assert out[0] == "[]", f"import tensorgrad loaded {out[0]}"
+    assert out[1] == "True", "tg.export did not load the exporter"
