@@ -90,3 +90,69 @@ async def soak(device: Any, cycles: int, warmup: int = 10) -> dict[str, Any]:
         "memory_after_warmup": memory.get("after_warmup", 0), "memory_end": memory["end"],
         "memory_growth": memory["end"] - memory.get("after_warmup", memory["end"]),
     }
+
+
+# ---- distinct models and batch sizes (bench/soak.py, tests/native/test_soak.py) -------------
+
+class WideMLP(tg.Module):
+    """4 -> `hidden` -> 1: each width compiles to kernels of its own."""
+
+    def __init__(self, hidden: int) -> None:
+        self.l1 = tg.Linear(4, hidden)
+        self.l2 = tg.Linear(hidden, 1)
+
+    def forward(self, x: tg.Tensor) -> tg.Tensor:
+        return self.l2(tg.relu(self.l1(x)))
+
+
+def live_objects(device: Any) -> dict[str, int]:
+    """The device's live GPU objects by kind (`device.live_objects()`; from its counts on a
+    device without that method, where pipelines and programs are never released)."""
+    get = getattr(device, "live_objects", None)
+    if get is not None:
+        return dict(get())
+    c = device.counts
+    return {"buffers": c["buffers created"] - c["buffers destroyed"],
+            "pipelines": c["pipelines created"] - c["pipelines destroyed"],
+            "programs": c["programs created"] - c["programs destroyed"]}
+
+
+async def distinct_models(device: Any, n: int, every: int = 50, steps: int = 3,
+                          first_width: int = 8) -> list[dict[str, Any]]:
+    """`n` models of distinct widths, each compiled, stepped `steps` times and destroyed; a
+    row {iteration, memory, live objects} every `every` iterations (and after the last)."""
+    x = array.array("f", [0.1 * k for k in range(32)])
+    y = array.array("f", [1.0, -1.0, 0.5, 0.0, 2.0, -0.5, 0.25, 1.5])
+    rows = []
+    for i in range(n):
+        train = await tg.compile(model=WideMLP(first_width + i), loss=soak_loss,
+                                 inputs={"x": (8, 4), "y": (8, 1)},
+                                 optimizer=tg.optim.Adam(lr=1e-2), device=device, seed=i)
+        for _ in range(steps):
+            result = await train.step(x=x, y=y)
+            assert result.kind == "completed", f"model {i}: {result}"
+        train.destroy()
+        del train
+        if (i + 1) % every == 0 or i + 1 == n:
+            gc.collect()
+            rows.append({"iteration": i + 1, "memory": memory_bytes(),
+                         "live": live_objects(device)})
+    return rows
+
+
+async def batch_sizes(device: Any, n: int, every: int = 50) -> list[dict[str, Any]]:
+    """One forward with a free batch dim (default max_cached_shapes) run at batch sizes 1..n,
+    each compiling its own graph; a row every `every` sizes. The handle is destroyed at the
+    end (the last row is taken before that, the cache still full)."""
+    forward = await tg.compile_forward(model=SoakMLP(), forward=lambda m, x: m(x),
+                                       inputs={"x": (None, 4)}, device=device, seed=0)
+    rows = []
+    for b in range(1, n + 1):
+        result = await forward.run(x=array.array("f", [0.01 * k for k in range(4 * b)]))
+        assert result.kind == "completed", f"batch {b}: {result}"
+        if b % every == 0 or b == n:
+            gc.collect()
+            rows.append({"iteration": b, "memory": memory_bytes(),
+                         "live": live_objects(device)})
+    forward.destroy()
+    return rows

@@ -341,7 +341,7 @@ def test_compile_picks_kernels_by_the_device_kind(gpu_device: NativeDevice) -> N
 
 
 @pytest.mark.parametrize("name", ["add", "slices", "copies_in_order", "bad_wgsl",
-                                  "kernel_batch"])
+                                  "kernel_batch", "release"])
 def test_the_browser_adapter_checks_pass_natively(gpu_device: NativeDevice, name: str) -> None:
     from tests.browser.adapter_checks import CHECKS
 
