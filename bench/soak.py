@@ -48,12 +48,14 @@ def show(where: str, r: dict) -> None:
           " MiB)", flush=True)
 
 
+def show_row(what: str, r: dict) -> None:
+    live = ", ".join(f"{k} {v}" for k, v in r["live"].items())
+    print(f"  {what} {r['iteration']:5d}: RSS {r['memory'] / MIB:8.1f} MiB; live {live}",
+          flush=True)
+
+
 def verdict(what: str, rows: list[dict], seconds: float) -> bool:
-    """Print the rows of one phase and whether they stay flat after the warm-up."""
-    for r in rows:
-        live = ", ".join(f"{k} {v}" for k, v in r["live"].items())
-        print(f"  {what} {r['iteration']:5d}: RSS {r['memory'] / MIB:8.1f} MiB; live {live}",
-              flush=True)
+    """Whether the rows of one phase stay flat after the warm-up (printed)."""
     warm, last = rows[min(1, len(rows) - 1)], rows[-1]
     growth = (last["memory"] - warm["memory"]) / MIB
     flat = growth < FLAT_MIB and last["live"] == warm["live"]
@@ -104,7 +106,8 @@ def main() -> int:
                            ("batches", args.batches, batch_sizes)):
         if n > 0:
             t0 = time.perf_counter()
-            rows = asyncio.run(phase(device, n, every=args.every))
+            rows = asyncio.run(phase(device, n, every=args.every,
+                                     on_row=lambda r, what=what: show_row(what, r)))
             flat &= verdict(what, rows, time.perf_counter() - t0)
     if args.cycles > 0:
         show("native cycles", asyncio.run(soak(device, args.cycles)))

@@ -117,10 +117,18 @@ def live_objects(device: Any) -> dict[str, int]:
             "programs": c["programs created"] - c["programs destroyed"]}
 
 
+def _row(device: Any, iteration: int, rows: list[dict[str, Any]], on_row: Any) -> None:
+    gc.collect()
+    rows.append({"iteration": iteration, "memory": memory_bytes(), "live": live_objects(device)})
+    if on_row is not None:
+        on_row(rows[-1])
+
+
 async def distinct_models(device: Any, n: int, every: int = 50, steps: int = 3,
-                          first_width: int = 8) -> list[dict[str, Any]]:
+                          first_width: int = 8, on_row: Any = None) -> list[dict[str, Any]]:
     """`n` models of distinct widths, each compiled, stepped `steps` times and destroyed; a
-    row {iteration, memory, live objects} every `every` iterations (and after the last)."""
+    row {iteration, memory, live objects} every `every` iterations (and after the last),
+    also passed to `on_row` as it is taken."""
     x = array.array("f", [0.1 * k for k in range(32)])
     y = array.array("f", [1.0, -1.0, 0.5, 0.0, 2.0, -0.5, 0.25, 1.5])
     rows = []
@@ -134,13 +142,12 @@ async def distinct_models(device: Any, n: int, every: int = 50, steps: int = 3,
         train.destroy()
         del train
         if (i + 1) % every == 0 or i + 1 == n:
-            gc.collect()
-            rows.append({"iteration": i + 1, "memory": memory_bytes(),
-                         "live": live_objects(device)})
+            _row(device, i + 1, rows, on_row)
     return rows
 
 
-async def batch_sizes(device: Any, n: int, every: int = 50) -> list[dict[str, Any]]:
+async def batch_sizes(device: Any, n: int, every: int = 50, on_row: Any = None
+                      ) -> list[dict[str, Any]]:
     """One forward with a free batch dim (default max_cached_shapes) run at batch sizes 1..n,
     each compiling its own graph; a row every `every` sizes. The handle is destroyed at the
     end (the last row is taken before that, the cache still full)."""
@@ -151,8 +158,6 @@ async def batch_sizes(device: Any, n: int, every: int = 50) -> list[dict[str, An
         result = await forward.run(x=array.array("f", [0.01 * k for k in range(4 * b)]))
         assert result.kind == "completed", f"batch {b}: {result}"
         if b % every == 0 or b == n:
-            gc.collect()
-            rows.append({"iteration": b, "memory": memory_bytes(),
-                         "live": live_objects(device)})
+            _row(device, b, rows, on_row)
     forward.destroy()
     return rows
