@@ -5,13 +5,12 @@ finished) and use from several threads."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import pytest
 
 import tensorgrad as tg
 from tensorgrad.flight import CallQueue
+from tests.threads import in_threads
 
 
 def test_newest_call_wins_and_superseded_ones_abort():
@@ -205,30 +204,6 @@ def test_a_call_made_outside_a_loop_runs_when_awaited():
     assert asyncio.run(pending) == 7
 
 
-def _in_threads(target, n: int, timeout: float = 30.0) -> list:
-    """Run target(k) in n daemon threads; their results (a thread still running after
-    `timeout` fails the test instead of hanging it)."""
-    results: list = [None] * n
-    errors: list = []
-
-    def body(k: int) -> None:
-        try:
-            results[k] = target(k)
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            errors.append(e)
-
-    threads = [threading.Thread(target=body, args=(k,), daemon=True) for k in range(n)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t.name for t in threads if t.is_alive()]
-    assert not stuck, f"threads {stuck} still running after {timeout} s (a hang)"
-    assert not errors, errors
-    return results
-
-
 def test_one_queue_serves_several_threads_and_their_loops():
     queue = CallQueue()
     inside, most, done = [0], [0], []
@@ -244,7 +219,7 @@ def test_one_queue_serves_several_threads_and_their_loops():
     async def calls(k: int) -> list:
         return await asyncio.gather(*(queue.submit(lambda i=i: work(k, i)) for i in range(20)))
 
-    results = _in_threads(lambda k: asyncio.run(calls(k)), 4)
+    results = in_threads(lambda k: asyncio.run(calls(k)), 4, timeout=30)
     assert results == [[(k, i) for i in range(20)] for k in range(4)]
     assert len(done) == 80 and most[0] == 1, most    # one call at a time, across threads
     for k in range(4):                               # each thread's calls in its call order
@@ -264,5 +239,5 @@ def test_the_queue_is_a_lock_for_any_thread():
                 await asyncio.sleep(0.001)
                 inside[0] -= 1
 
-    _in_threads(lambda k: asyncio.run(hold(k)), 3)
+    in_threads(lambda k: asyncio.run(hold(k)), 3, timeout=30)
     assert most[0] == 1 and not queue.busy
