@@ -50,13 +50,16 @@ def live_buffers(device: Any) -> int:
 async def soak(device: Any, cycles: int, warmup: int = 10) -> dict[str, Any]:
     """`cycles` of compile → attach → step → run → destroy; the counts and memory figures.
 
-    After every destroy the device's live buffers must be back where they were before the
-    cycle, and after the warm-up no new pipeline may be compiled (the same kernels are
-    cached): both are checked here and raise AssertionError naming the cycle."""
+    After every destroy the device's live buffers and programs must be back where they were
+    before the cycle, and after the warm-up no new pipeline may be compiled (the same kernels
+    are cached) and the live pipelines stay as many: checked here, AssertionError naming the
+    cycle."""
     x = array.array("f", [0.1 * k for k in range(32)])
     y = array.array("f", [1.0, -1.0, 0.5, 0.0, 2.0, -0.5, 0.25, 1.5])
     baseline = live_buffers(device)
+    programs = live_objects(device)["programs"]
     pipelines = device.counts["pipelines created"]
+    live_pipelines = live_objects(device)["pipelines"]
     created0 = device.counts["buffers created"]
     memory: dict[str, int] = {}
     t0 = time.perf_counter()
@@ -72,13 +75,19 @@ async def soak(device: Any, cycles: int, warmup: int = 10) -> dict[str, Any]:
         train.destroy()
         live = live_buffers(device)
         assert live == baseline, f"cycle {cycle}: {live - baseline} GPU buffers leaked"
+        objects = live_objects(device)
+        assert objects["programs"] == programs, \
+            f"cycle {cycle}: {objects['programs'] - programs} programs left live"
         if cycle + 1 == warmup:
             gc.collect()
             pipelines = device.counts["pipelines created"]
+            live_pipelines = objects["pipelines"]
             memory["after_warmup"] = memory_bytes()
         elif cycle >= warmup:
             assert device.counts["pipelines created"] == pipelines, \
                 f"cycle {cycle}: a pipeline was compiled again (the cache should hold it)"
+            assert objects["pipelines"] == live_pipelines, \
+                f"cycle {cycle}: {objects['pipelines'] - live_pipelines} more pipelines live"
     gc.collect()
     memory["end"] = memory_bytes()
     return {
