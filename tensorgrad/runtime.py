@@ -132,7 +132,10 @@ def shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int
     return shared
 
 
-UNUSED_PIPELINES_KEPT = 64  # pipelines no executable uses, kept per device for quick reuse
+# Pipelines no executable uses, kept per device for quick reuse (a model compiled again, a
+# batch size seen again). On lavapipe a pipeline holds ~1 MiB of compiled code, so the kept
+# ones cost ~30 MiB at most there (bench/soak.py).
+UNUSED_PIPELINES_KEPT = 32
 
 
 class PipelineCache:
