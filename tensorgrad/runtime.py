@@ -180,9 +180,7 @@ class PipelineCache:
             for wgsl in dict.fromkeys(w for w, _ in sources):
                 self.refs[wgsl] = self.refs.get(wgsl, 0) + 1
                 self.unused.pop(wgsl, None)
-            got = [self.kernels[w] for w, _ in sources]
-            self._trim(device)  # what `missing` added may have been unused
-        return got
+            return [self.kernels[w] for w, _ in sources]
 
     def release(self, wgsls: Iterable[str]) -> None:
         """Drop one reference on each distinct WGSL of `wgsls` (as :meth:`acquire` took)."""

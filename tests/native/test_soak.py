@@ -107,3 +107,27 @@ def test_unused_pipelines_kept_for_reuse_are_bounded(gpu_device) -> None:
     now = live(gpu_device)
     assert now["buffers"] == base["buffers"] and now["programs"] == base["programs"], now
     assert now["pipelines"] - base["pipelines"] <= runtime.UNUSED_PIPELINES_KEPT, (now, base)
+
+
+def test_a_devices_pipeline_cache_goes_with_the_device() -> None:
+    """The per-device pipeline cache holds its device weakly: once a device is destroyed and
+    dropped, the device and its cache (with the pipelines in it) are freed."""
+    import gc
+    import weakref
+
+    from tensorgrad.gpu.native import request_native_device
+
+    caches = len(runtime._pipeline_caches)
+
+    async def go() -> weakref.ref:
+        device = await request_native_device()
+        await train_and_destroy(device, 9)
+        assert runtime.pipeline_cache(device).kernels  # its pipelines are cached
+        assert len(runtime._pipeline_caches) == caches + 1
+        device.destroy()
+        return weakref.ref(device)
+
+    gone = asyncio.run(go())
+    gc.collect()
+    assert gone() is None, "the destroyed device is still referenced"
+    assert len(runtime._pipeline_caches) == caches
