@@ -11,8 +11,10 @@ browser.
   sizes 1..`--batches`, each size compiling its own graph, older ones evicted.
 
 Every `--every` iterations it prints resident memory (MiB) and the device's live GPU objects
-(buffers, pipelines, programs), then a verdict: flat when, from the second row (the warm-up)
-to the last, memory grew by less than FLAT_MIB and the live objects did not change.
+(buffers, pipelines, programs, pooled readback buffers), then a verdict: flat when, from the
+second row (the warm-up) to the last, memory grew by less than FLAT_MIB, the live buffers,
+pipelines and programs did not change, and the readback pool stayed within its bound
+(STAGING_KEPT; it takes a size class as reads grow).
 
 `--cycles` / `--browser-cycles` run the same-model compile / attach / step / run / destroy
 cycles of tests/soak.py natively / in headless Chromium (GPU buffers created and left live,
@@ -32,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tensorgrad.gpu.native import request_native_device, use_vulkan_driver
+from tensorgrad.gpu.native import STAGING_KEPT, request_native_device, use_vulkan_driver
 from tests.soak import batch_sizes, distinct_models, soak
 
 MIB = 2**20
@@ -58,7 +60,9 @@ def verdict(what: str, rows: list[dict], seconds: float) -> bool:
     """Whether the rows of one phase stay flat after the warm-up (printed)."""
     warm, last = rows[min(1, len(rows) - 1)], rows[-1]
     growth = (last["memory"] - warm["memory"]) / MIB
-    flat = growth < FLAT_MIB and last["live"] == warm["live"]
+    kept = {k: v for k, v in last["live"].items() if k != "staging"}
+    flat = (growth < FLAT_MIB and kept == {k: warm["live"][k] for k in kept}
+            and last["live"].get("staging", 0) <= STAGING_KEPT + 1)
     print(f"  {what}: {'FLAT' if flat else 'GROWS'} after the warm-up (iteration "
           f"{warm['iteration']} -> {last['iteration']}: RSS {growth:+.1f} MiB, live objects "
           f"{warm['live']} -> {last['live']}); {seconds:.0f} s", flush=True)

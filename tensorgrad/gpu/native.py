@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 MAX_BUFFER_BYTES = 2_147_483_644  # largest multiple of 4 below 2**31
+STAGING_KEPT, STAGING_KEPT_BYTES = 8, 64 << 20  # free readback buffers pooled, at most
 # Adapter preference: a real GPU before a CPU rasteriser; Vulkan/Metal/D3D12 before OpenGL.
 _TYPE_RANK = {"discretegpu": 0, "integratedgpu": 1, "virtualgpu": 2, "unknown": 3, "cpu": 4}
 _BACKEND_RANK = {"vulkan": 0, "metal": 0, "d3d12": 0, "opengl": 2, "opengles": 2}
@@ -171,7 +172,8 @@ class NativeDevice:
         self._storage_usage = usage.STORAGE | usage.COPY_SRC | usage.COPY_DST
         self._staging_usage = usage.MAP_READ | usage.COPY_DST
         self._map_read = wgpu.MapMode.READ
-        self._staging: dict[int, list[Any]] = {}  # free readback buffers by (bucket) size
+        self._staging: list[Any] = []  # free readback buffers, most recently used last
+        self._staging_lock = threading.Lock()
         self._destroyed = False
         self.counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()  # handles may run from several threads
@@ -482,16 +484,29 @@ class NativeDevice:
         return encoder.finish()
 
     def _take_staging(self, size: int) -> Any:
-        """A readback buffer of at least `size` bytes: its size is the power of two at or
-        above `size` (256 at least), so a process that reads many sizes (a forward run at
-        every batch size) pools a few buckets instead of a buffer per size."""
+        """A readback buffer of at least `size` bytes, from the pool when one of its size
+        class is there: sizes are powers of two (256 bytes at least), so reads of many sizes
+        (a forward run at every batch size) share a few buffers."""
         bucket = max(256, 1 << (size - 1).bit_length())
-        try:
-            return self._staging.get(bucket, []).pop()
-        except IndexError:
-            self._count("staging buffers created")
-            return self.device.create_buffer(size=bucket, usage=self._staging_usage,
-                                             label="tensorgrad-readback")
+        with self._staging_lock:
+            for i in range(len(self._staging) - 1, -1, -1):
+                if self._staging[i].size == bucket:
+                    return self._staging.pop(i)
+        self._count("staging buffers created")
+        return self.device.create_buffer(size=bucket, usage=self._staging_usage,
+                                         label="tensorgrad-readback")
+
+    def _give_staging(self, buffer: Any) -> None:
+        """Back to the pool, which keeps the most recently used STAGING_KEPT buffers of at
+        most STAGING_KEPT_BYTES together (a one-off large read does not stay)."""
+        with self._staging_lock:
+            self._staging.append(buffer)
+            dropped = []
+            while (len(self._staging) > STAGING_KEPT
+                   or sum(b.size for b in self._staging) > STAGING_KEPT_BYTES):
+                dropped.append(self._staging.pop(0))
+        for old in dropped:
+            self._destroy_staging(old)
 
     async def _map_and_read(self, reads: list[tuple[Any, int, Any]],
                             nbytes: list[int]) -> list[memoryview]:
@@ -507,7 +522,7 @@ class NativeDevice:
             for _, _, size, staging in reads:
                 if staging.map_state == "mapped":
                     staging.unmap()
-                    self._staging.setdefault(staging.size, []).append(staging)
+                    self._give_staging(staging)
                 else:  # pending or failed: never reuse it
                     self._destroy_staging(staging)
         return out
@@ -569,9 +584,8 @@ class NativeDevice:
         if self._destroyed:
             return
         self._destroyed = True
-        for free in self._staging.values():
-            for buffer in free:
-                self._destroy_staging(buffer)
+        for buffer in self._staging:
+            self._destroy_staging(buffer)
         self._staging.clear()
         for buffer in self._fences:
             self._destroy_staging(buffer)
