@@ -187,6 +187,11 @@ async function mapReads(state, pending) {
   const out = staging.getMappedRange(0, total).slice(0);
   staging.unmap();
   state.staging.push(staging);
+  // The pool keeps the 8 most recently used buffers, 64 MiB together (as the native adapter).
+  while (state.staging.length > 8 ||
+         state.staging.reduce((n, b) => n + b.size, 0) > 64 * 1024 * 1024) {
+    state.staging.shift().destroy();
+  }
   return out;
 }
 
