@@ -215,7 +215,7 @@ def _consume(call: asyncio.Future[Any]) -> None:
         call.exception()
 
 
-async def _result_of(call: _Call) -> T:
+async def _result_of(call: asyncio.Task[T]) -> T:
     try:
         return await asyncio.shield(call)
     except asyncio.CancelledError:
