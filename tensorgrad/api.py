@@ -132,7 +132,12 @@ def _check_user_inputs(where: str, given: Mapping[str, Any], declared: Mapping[s
 
 
 class Training(_Runner):
-    """A compiled training step on a device. Create with :func:`compile`."""
+    """A compiled training step on a device. Create with :func:`compile`.
+
+    Threads: a handle may be used from any thread and any event loop (each thread with its
+    own ``asyncio.run``, or successive ``asyncio.run`` calls in one thread). Its calls, and
+    those of its attached forwards, run one at a time in call order whichever thread made
+    them; each runs in the event loop of the thread that made it."""
 
     def __init__(self, device: GPUDevice, loss: Callable[..., Any], inputs: Mapping[str, Any],
                  chunk_size: int, fuse: bool = True):
@@ -235,7 +240,14 @@ class Training(_Runner):
 
         The inputs are checked and copied when step is called, and calls on this training
         (steps, uploads, resets, forward runs) run one at a time in call order. A step called
-        before replace_model/destroy returns Aborted if it had not finished."""
+        before replace_model/destroy returns Aborted if it had not finished.
+
+        Cancellation (``task.cancel()``, ``asyncio.wait_for`` timing out, ``asyncio.run``
+        ending): a call cancelled while it still waits for its turn behind other calls never
+        runs. A call that has started runs to its end whether or not anything still awaits
+        it: a step that reached the GPU is applied whole and counted (step counter, PRNG
+        counter, LR schedule position), as are uploads and resets; the cancelled awaiter
+        gets ``CancelledError`` at once, and the calls made after it run after it."""
         generation = self._generation
         try:
             _check_user_inputs("step", inputs, self._input_decls)
@@ -391,7 +403,10 @@ class Training(_Runner):
 
 
 class Forward(_Runner):
-    """A compiled forward (inference) graph; one compiled executable per input shape."""
+    """A compiled forward (inference) graph; one compiled executable per input shape.
+
+    Like :class:`Training`, usable from any thread and event loop: its runs (an attached
+    forward's with its training's calls) run one at a time in call order."""
 
     def __init__(self, device: GPUDevice, forward: Callable[..., Any], inputs: Mapping[str, Any],
                  output: str, max_cached_shapes: int, chunk_size: int,
@@ -499,7 +514,11 @@ class Forward(_Runner):
     def run(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
         """Run the forward (await it): Completed(output, captures), Aborted() or
         Failed(error). The inputs are checked and copied when run is called; runs of an
-        attached forward take their turn with the training's steps, in call order."""
+        attached forward take their turn with the training's steps, in call order.
+
+        Cancelled while it waits for its turn, a run never runs; once started it runs to its
+        end (its PRNG draw counted) and the cancelled awaiter gets ``CancelledError`` at once,
+        as :meth:`Training.step` says."""
         generation = self._generation
         try:
             _check_user_inputs("run", inputs, self._input_decls)

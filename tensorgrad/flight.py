@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
@@ -78,58 +79,146 @@ class single_flight(Generic[T]):  # lower case: used like a function (a decorato
 
 
 class CallQueue:
-    """Runs calls one at a time, in the order they were made.
+    """Runs calls one at a time, in the order they were made, from any thread and event loop.
 
     :meth:`submit` starts the call at once as a task (when an event loop runs), and the task
     waits for its turn first, so calls made in a row — a ``step`` not yet awaited, then an
     ``upload_params`` — run in that order however they are awaited, and never interleave.
-    Loop-agnostic: waiters are futures of whichever loop the call runs in."""
+    Calls made from several threads (each with its own event loop) share the one order: a
+    call's turn is handed to the next call's own loop (``call_soon_threadsafe``), and each
+    runs in the loop it was made in.
+
+    Cancellation: a call cancelled while it waits for its turn is withdrawn and never runs.
+    Once it has its turn it runs to its end, whether or not anything still awaits it: its
+    task refuses ``cancel()`` (so neither a cancelled awaiter, a timeout, nor ``asyncio.run``
+    cancelling leftover tasks at its end can stop it halfway through its GPU work or its
+    bookkeeping), and an awaiter cancelled meanwhile gets ``CancelledError`` at once.
+
+    ``async with queue:`` holds a turn without a task (a loop- and thread-agnostic lock)."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._busy = False
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[_Turn] = deque()
+
+    @property
+    def busy(self) -> bool:
+        """True while a call holds the turn."""
+        return self._busy
 
     def submit(self, fn: Callable[[], Awaitable[T]]) -> Coroutine[Any, Any, T]:
         """Queue ``fn()``; a coroutine of its result. When an event loop runs, the call is
         already under way as a task (so it keeps its place even if the coroutine is awaited
         late, or wrapped in ``asyncio.create_task``); otherwise it starts when awaited."""
-        coro = self._run(fn)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            return coro
-        return _result_of(loop.create_task(coro))
+            return self._start_when_awaited(fn)
+        return _result_of(_Call(self._run(fn), loop=loop))
+
+    async def _start_when_awaited(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await _result_of(_Call(self._run(fn), loop=asyncio.get_running_loop()))
 
     async def _run(self, fn: Callable[[], Awaitable[T]]) -> T:
         await self._acquire()
+        call = asyncio.current_task()
+        if isinstance(call, _Call):
+            call.running = True  # from here on it runs to its end (no await since _acquire)
         try:
             return await fn()
         finally:
             self._release()
 
+    async def __aenter__(self) -> None:
+        await self._acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
     async def _acquire(self) -> None:
-        if not self._busy:
-            self._busy = True
-            return
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(turn)
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if not self._busy:
+                self._busy = True
+                return
+            turn = _Turn(loop, loop.create_future())
+            self._waiters.append(turn)
         try:
-            await turn
+            await turn.future
         except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():
+            with self._lock:
+                granted = turn.granted
+                if not granted:
+                    self._waiters.remove(turn)
+            if granted:
                 self._release()  # given the turn, then cancelled: pass it on
-            else:
-                self._waiters.remove(turn)
             raise
 
     def _release(self) -> None:
-        while self._waiters:
-            turn = self._waiters.popleft()
-            if not turn.done():
-                turn.set_result(None)  # the next call runs; still busy
-                return
-        self._busy = False
+        with self._lock:
+            while self._waiters:
+                turn = self._waiters.popleft()
+                turn.granted = True
+                if turn.wake():
+                    return  # the next call runs; still busy
+            self._busy = False
 
 
-async def _result_of(task: asyncio.Task[T]) -> T:
-    return await task
+class _Turn:
+    """A call waiting for its turn: its loop, the future it awaits, whether it was given."""
+
+    __slots__ = ("future", "granted", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]):
+        self.loop, self.future, self.granted = loop, future, False
+
+    def wake(self) -> bool:
+        """Resolve the future in its own loop; False when that loop is closed (the call will
+        never run, so the turn goes to the next one)."""
+        try:
+            if _running_loop() is self.loop:
+                _grant(self.future)
+            else:
+                self.loop.call_soon_threadsafe(_grant, self.future)
+        except RuntimeError:  # "Event loop is closed"
+            return False
+        return True
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _grant(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _Call(asyncio.Task):  # type: ignore[type-arg]
+    """The task of a queued call: ``cancel()`` withdraws it while it waits for its turn and is
+    refused (returns False) once it runs."""
+
+    running = False
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self.running:
+            return False
+        return super().cancel(msg)
+
+
+def _consume(call: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a call nobody awaits any more (no "never retrieved" log)."""
+    if not call.cancelled():
+        call.exception()
+
+
+async def _result_of(call: asyncio.Task[T]) -> T:
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        call.cancel()  # withdrawn if it still waits for its turn; refused once it runs
+        call.add_done_callback(_consume)
+        raise

@@ -9,8 +9,10 @@ attached to it bind, so they share weights without copies.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Mapping, Sequence
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,7 @@ from . import describe
 from .codegen.kernel import Kernel, dispatch_size
 from .codegen.program import is_core
 from .errors import AbortError, PlanError, ShapeError
+from .flight import CallQueue
 from .gpu.interface import BufferSlice, Copy, Dispatch, GPUDevice, split_slice
 from .hostdata import from_bytes, to_bytes
 from .init import ParamSpec, init_params
@@ -130,40 +133,94 @@ def shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int
     return shared
 
 
-class PipelineCache:
-    """Compute pipelines per device, keyed by WGSL text."""
+# Pipelines no executable uses, kept per device for quick reuse (a model compiled again, a
+# batch size seen again). On lavapipe a pipeline holds ~1 MiB of compiled code, so the kept
+# ones cost ~30 MiB at most there (bench/soak.py).
+UNUSED_PIPELINES_KEPT = 32
 
-    def __init__(self, device: GPUDevice):
-        self.device = device
-        self.kernels: dict[str, Any] = {}
+
+class PipelineCache:
+    """The compute pipelines of one device, keyed by WGSL text and shared by the executables
+    that use them.
+
+    Each executable holds one reference on each of its distinct pipelines (taken by
+    :meth:`acquire` in :func:`build_executable`, dropped by :meth:`release` in
+    :meth:`Executable.destroy`). A pipeline no live executable uses stays in a least recently
+    used list of at most `keep` (:data:`UNUSED_PIPELINES_KEPT`) for quick reuse — the same
+    model compiled again, a batch size seen again — and past that is released on the device
+    (``destroy_kernel``). So the pipelines held are those of the live executables plus at most
+    `keep` more, however many models or shapes a process compiles. Thread safe."""
+
+    def __init__(self, device: GPUDevice, keep: int = UNUSED_PIPELINES_KEPT):
+        self._device = weakref.ref(device)
+        self.keep = keep
+        self.kernels: dict[str, Any] = {}  # every pipeline held, by WGSL
+        self.refs: dict[str, int] = {}  # WGSL -> how many live executables use it
+        self.unused: OrderedDict[str, None] = OrderedDict()  # no reference, oldest first
+        self._lock = threading.Lock()
+
+    @property
+    def device(self) -> GPUDevice | None:
+        return self._device()
+
+    def acquire(self, sources: Sequence[tuple[str, str]]) -> list[Any]:
+        """The pipeline of each `(wgsl, label)`, in order: those not held yet compiled in one
+        `create_kernels` call (a browser compiles them in parallel); one reference taken on
+        each distinct WGSL, to be dropped by :meth:`release`."""
+        device = self.device
+        if device is None:
+            raise RuntimeError("the pipeline cache's device is gone")
+        with self._lock:
+            missing: dict[str, str] = {}
+            for wgsl, label in sources:
+                if wgsl not in self.kernels:
+                    missing.setdefault(wgsl, label)  # the first dispatch's label
+            if missing:
+                made = device.create_kernels(list(missing.items()))
+                self.kernels.update(zip(missing, made))
+            for wgsl in dict.fromkeys(w for w, _ in sources):
+                self.refs[wgsl] = self.refs.get(wgsl, 0) + 1
+                self.unused.pop(wgsl, None)
+            return [self.kernels[w] for w, _ in sources]
+
+    def release(self, wgsls: Iterable[str]) -> None:
+        """Drop one reference on each distinct WGSL of `wgsls` (as :meth:`acquire` took)."""
+        with self._lock:
+            for wgsl in dict.fromkeys(wgsls):
+                left = self.refs.get(wgsl, 0) - 1
+                if left > 0:
+                    self.refs[wgsl] = left
+                elif left == 0:
+                    del self.refs[wgsl]
+                    self.unused[wgsl] = None
+            device = self.device
+            if device is not None:
+                self._trim(device)
 
     def get(self, wgsl: str, label: str) -> Any:
-        k = self.kernels.get(wgsl)
-        if k is None:
-            k = self.kernels[wgsl] = self.device.create_kernel(wgsl, label)
-        return k
+        """The pipeline of `wgsl` (compiled if not held), without a reference: it sits with
+        the unused ones."""
+        kernel = self.acquire([(wgsl, label)])[0]
+        self.release([wgsl])
+        return kernel
 
-    def prepare(self, sources: Sequence[tuple[str, str]]) -> None:
-        """Compile every `(wgsl, label)` not cached yet in one `create_kernels` call (a
-        browser compiles them in parallel)."""
-        missing: dict[str, str] = {}
-        for wgsl, label in sources:
-            if wgsl not in self.kernels:
-                missing.setdefault(wgsl, label)  # the first dispatch's label, as get() gives
-        if missing:
-            made = self.device.create_kernels(list(missing.items()))
-            self.kernels.update(zip(missing, made))
+    def _trim(self, device: GPUDevice) -> None:
+        while len(self.unused) > self.keep:
+            wgsl, _ = self.unused.popitem(last=False)
+            device.destroy_kernel(self.kernels.pop(wgsl))
 
 
-_pipeline_caches: dict[int, PipelineCache] = {}
+_pipeline_caches: weakref.WeakKeyDictionary[Any, PipelineCache] = weakref.WeakKeyDictionary()
+_caches_lock = threading.Lock()
 
 
 def pipeline_cache(device: GPUDevice) -> PipelineCache:
-    """The pipeline cache of `device` (one per device, for the life of the process)."""
-    cache = _pipeline_caches.get(id(device))
-    if cache is None or cache.device is not device:
-        cache = _pipeline_caches[id(device)] = PipelineCache(device)
-    return cache
+    """The pipeline cache of `device` (one per device, dropped with it)."""
+    with _caches_lock:
+        cache = _pipeline_caches.get(device)
+        if cache is None:
+            cache = _pipeline_caches[device] = PipelineCache(device)
+        return cache
 
 
 @dataclass
@@ -179,7 +236,11 @@ class Executable:
     program: Any
     output_id: int
     status_id: int | None = None  # the step guard (1.0: the update was applied)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    pipelines: PipelineCache | None = None  # where its pipelines came from (released there)
+    wgsls: tuple[str, ...] = ()  # its pipelines' WGSL, one per dispatch
+    # One run or read at a time, from any thread or event loop (a handle's calls already
+    # come one at a time; this also orders direct use of the executable).
+    lock: CallQueue = field(default_factory=CallQueue)
     destroyed: bool = False
     inputs: dict[str, Any] = field(default_factory=dict)  # input name -> node, cached
     index_bounds: dict[str, tuple[IndexBound, ...]] = field(default_factory=dict)
@@ -275,9 +336,14 @@ class Executable:
         self.device.write_buffer(self.buffer_of(node_id), data)
 
     def destroy(self) -> None:
+        """Free its buffers and program and drop its references on its pipelines (a run in
+        flight finishes with what it holds)."""
         if self.destroyed:
             return
         self.destroyed = True
+        self.device.destroy_program(self.program)
+        if self.pipelines is not None:
+            self.pipelines.release(self.wgsls)
         for buf, own in zip(self.buffers, self.owned):
             if own:
                 self.device.destroy_buffer(buf)
@@ -336,12 +402,15 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
         buffers.append(buf)
         owned.append(True)
     steps: list[Dispatch | Copy] = []
+    wgsls: list[str] = []
+    acquired = False
     try:
         dispatched = [(node, kernel, dispatch_label(node))
                       for node, kernel in zip(graph.nodes, kernels) if kernel.threads > 0]
-        pipelines.prepare([(kernel.wgsl, label) for _, kernel, label in dispatched])
-        for node, kernel, label in dispatched:
-            pipeline = pipelines.get(kernel.wgsl, label)
+        wgsls = [kernel.wgsl for _, kernel, _ in dispatched]
+        made = pipelines.acquire([(kernel.wgsl, label) for _, kernel, label in dispatched])
+        acquired = True
+        for (node, kernel, label), pipeline in zip(dispatched, made):
             binds = tuple(binding(buffers, plan, graph, i) for i in (*node.inputs, node.id))
             steps.append(Dispatch(pipeline, binds, dispatch_size(kernel.threads,
                                                                  kernel.workgroup_size),
@@ -353,9 +422,11 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
                               dst_base + wb.dst_offset))
         program = device.create_program(steps, chunk_size)
     except BaseException:  # e.g. ShaderCompileError: free what this call created
+        if acquired:
+            pipelines.release(wgsls)
         for buf, own in zip(buffers, owned):
             if own:
                 device.destroy_buffer(buf)
         raise
     return Executable(device, graph, plan, kernels, buffers, owned, program, output_id,
-                      status_id)
+                      status_id, pipelines, tuple(wgsls))

@@ -128,6 +128,13 @@ export function createProgram(state, steps, chunkSize) {
   return { chunks, error, checked: false, passes: steps.filter((s) => s[0] === "d").length };
 }
 
+// Release a program: its chunks (pipelines, bind groups) are dropped for the GC; a run in
+// flight keeps the array it read.
+export function destroyProgram(state, program) {
+  program.chunks = [];
+  program.error = null;
+}
+
 // Consecutive dispatches share a compute pass, as in the native adapter (each dispatch is
 // its own usage scope, so WebGPU orders their memory accesses); a copy ends the pass. In
 // Chromium this took the addition transformer's encoding (138 dispatches) from 0.7 to 0.3 ms
@@ -180,6 +187,11 @@ async function mapReads(state, pending) {
   const out = staging.getMappedRange(0, total).slice(0);
   staging.unmap();
   state.staging.push(staging);
+  // The pool keeps the 8 most recently used buffers, 64 MiB together (as the native adapter).
+  while (state.staging.length > 8 ||
+         state.staging.reduce((n, b) => n + b.size, 0) > 64 * 1024 * 1024) {
+    state.staging.shift().destroy();
+  }
   return out;
 }
 

@@ -43,7 +43,7 @@ _LIMITS = {
 
 
 _JS_FUNCTIONS = ("createBuffer", "writeBuffer", "createKernel", "createKernels", "createProgram",
-                 "execute", "readBuffers", "destroy", "lostReason")
+                 "destroyProgram", "execute", "readBuffers", "destroy", "lostReason")
 _helper: Any = None
 
 
@@ -65,7 +65,7 @@ async def _js_helper() -> Any:
 class BrowserProgram:
     """A program prepared in JS: bind groups and chunks live in `plan` (a JS object)."""
 
-    plan: Any
+    plan: Any  # None once destroyed
     dispatches: int
     chunks: int
 
@@ -74,7 +74,7 @@ class BrowserProgram:
 class BrowserKernel:
     """A compute pipeline (a JS object) and its label."""
 
-    pipeline: Any
+    pipeline: Any  # None once destroyed
     label: str
 
 
@@ -114,6 +114,13 @@ class BrowserDevice:
             if str(getattr(exc, "name", "")) != "DeviceLostError":
                 raise
             raise DeviceLostError(str(exc.message)) from None
+
+    def live_objects(self) -> dict[str, int]:
+        """Live objects made through this adapter: "buffers", "pipelines", "programs"."""
+        c = self.counts
+        return {"buffers": c["buffers created"] - c["buffers destroyed"],
+                "pipelines": c["pipelines created"] - c["pipelines destroyed"],
+                "programs": c["programs created"] - c["programs destroyed"]}
 
     @property
     def lost(self) -> str | None:
@@ -164,18 +171,33 @@ class BrowserDevice:
         kernel by kernel (:meth:`create_kernel`)."""
         from pyodide.ffi import can_run_sync, run_sync
 
-        if not can_run_sync():
-            return [self.create_kernel(wgsl, label) for wgsl, label in sources]
-        made = run_sync(self._call("createKernels", self._to_js([w for w, _ in sources]),
-                                   self._to_js([label for _, label in sources])))
-        self.ffi_calls += 1  # the wait
-        kernels = []
-        for (wgsl, label), got in zip(sources, made):
-            self.ffi_calls += 2  # the two attribute reads
-            _raise_if_errors(got.messages, wgsl, label)
-            kernels.append(BrowserKernel(got.pipeline, label))
-            self.counts["pipelines created"] += 1
+        kernels: list[BrowserKernel] = []
+        try:
+            if not can_run_sync():
+                for wgsl, label in sources:
+                    kernels.append(self.create_kernel(wgsl, label))
+                return kernels
+            made = run_sync(self._call("createKernels", self._to_js([w for w, _ in sources]),
+                                       self._to_js([label for _, label in sources])))
+            self.ffi_calls += 1  # the wait
+            for (wgsl, label), got in zip(sources, made):
+                self.ffi_calls += 2  # the two attribute reads
+                _raise_if_errors(got.messages, wgsl, label)
+                kernels.append(BrowserKernel(got.pipeline, label))
+                self.counts["pipelines created"] += 1
+        except BaseException:  # release those made before the one that failed
+            for kernel in kernels:
+                self.destroy_kernel(kernel)
+            raise
         return kernels
+
+    def destroy_kernel(self, kernel: BrowserKernel) -> None:
+        """Drop the adapter's reference to a pipeline (the JS object is collected once no
+        program holds it either)."""
+        if kernel.pipeline is None:
+            return
+        kernel.pipeline = None
+        self.counts["pipelines destroyed"] += 1
 
     async def check_kernels(self) -> None:
         """Raise ShaderCompileError for any kernel whose check was deferred."""
@@ -198,6 +220,15 @@ class BrowserDevice:
         self.counts["programs created"] += 1
         chunks = 1 if chunk_size <= 0 else max(1, -(-dispatches // chunk_size))
         return BrowserProgram(plan, dispatches, chunks)
+
+    def destroy_program(self, program: BrowserProgram) -> None:
+        """Drop the program's bind groups and chunks in JS and its proxy here (a run in
+        flight keeps the chunks it read)."""
+        if program.plan is None:
+            return
+        self._call("destroyProgram", program.plan)
+        program.plan = None
+        self.counts["programs destroyed"] += 1
 
     async def execute(self, program: BrowserProgram, writes: Sequence[tuple[BufferHandle, Any]],
                       reads: Sequence[tuple[BufferHandle, int]]) -> list[memoryview]:

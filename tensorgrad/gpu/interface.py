@@ -112,7 +112,8 @@ class GPUDevice(Protocol):
     info: AdapterInfo
     description: str  # adapter vendor / architecture, for logs and benchmarks
     # What the device made and freed through this interface, for leak checks: "buffers
-    # created", "buffers destroyed", "pipelines created", "programs created".
+    # created" / "destroyed", "pipelines created" / "destroyed", "programs created" /
+    # "destroyed".
     counts: Counter[str]
 
     @property
@@ -140,10 +141,27 @@ class GPUDevice(Protocol):
         them in parallel. Raises :class:`ShaderCompileError` for the first that fails."""
         ...
 
+    def destroy_kernel(self, kernel: KernelHandle) -> None:
+        """Release a pipeline made by :meth:`create_kernel(s)`: the device drops every
+        reference it holds (a program still using it keeps it until that program is
+        destroyed). Idempotent."""
+        ...
+
     def create_program(self, steps: Sequence[Dispatch | Copy], chunk_size: int) -> ProgramHandle:
         """Prepare an ordered list of dispatches and copies (bind groups made here, once).
 
         `chunk_size` is the most compute passes per queue submission (0: one submission)."""
+        ...
+
+    def destroy_program(self, program: ProgramHandle) -> None:
+        """Release a program's bind groups and chunks (a run in flight finishes with what it
+        holds). Idempotent."""
+        ...
+
+    def live_objects(self) -> dict[str, int]:
+        """How many objects made through this interface are live, by kind: "buffers",
+        "pipelines", "programs" (created minus destroyed); a device may add kinds of its own
+        (e.g. its pooled readback buffers)."""
         ...
 
     async def execute(

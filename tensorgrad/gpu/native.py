@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import threading
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 MAX_BUFFER_BYTES = 2_147_483_644  # largest multiple of 4 below 2**31
+STAGING_KEPT, STAGING_KEPT_BYTES = 8, 64 << 20  # free readback buffers pooled, at most
 # Adapter preference: a real GPU before a CPU rasteriser; Vulkan/Metal/D3D12 before OpenGL.
 _TYPE_RANK = {"discretegpu": 0, "integratedgpu": 1, "virtualgpu": 2, "unknown": 3, "cpu": 4}
 _BACKEND_RANK = {"vulkan": 0, "metal": 0, "d3d12": 0, "opengl": 2, "opengles": 2}
@@ -122,6 +124,7 @@ class NativeProgram:
     chunk_size: int
     n_dispatches: int
     labels: list[str] = field(default_factory=list)
+    released: bool = False  # destroy_program ran: its chunks (bind groups) are dropped
 
 
 # ----------------------------------------------------------------------------- device
@@ -169,9 +172,11 @@ class NativeDevice:
         self._storage_usage = usage.STORAGE | usage.COPY_SRC | usage.COPY_DST
         self._staging_usage = usage.MAP_READ | usage.COPY_DST
         self._map_read = wgpu.MapMode.READ
-        self._staging: dict[int, list[Any]] = {}
+        self._staging: list[Any] = []  # free readback buffers, most recently used last
+        self._staging_lock = threading.Lock()
         self._destroyed = False
         self.counts: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()  # handles may run from several threads
         # How to learn that a submission is done, set by _probe_work_done (see there):
         # "native-poll", "queue" or "fence".
         self.wait_mode = "queue"
@@ -212,11 +217,15 @@ class NativeDevice:
 
     def _take_fence(self) -> Any:
         if self._fence_src is None:
-            self._fence_src = self.create_buffer(4, "tensorgrad-fence-src")
-        if self._fences:
+            self._count("staging buffers created")
+            self._fence_src = self.device.create_buffer(size=4, usage=self._storage_usage,
+                                                        label="tensorgrad-fence-src")
+        try:
             return self._fences.pop()
-        return self.device.create_buffer(size=4, usage=self._staging_usage,
-                                         label="tensorgrad-fence")
+        except IndexError:
+            self._count("staging buffers created")
+            return self.device.create_buffer(size=4, usage=self._staging_usage,
+                                             label="tensorgrad-fence")
 
     def _submit(self, command_buffer: Any, fence: Any) -> Any:
         """Submit; return what :meth:`_wait` needs to wait for this submission."""
@@ -243,7 +252,7 @@ class NativeDevice:
                     fence.unmap()
                     self._fences.append(fence)
                 else:
-                    fence.destroy()
+                    self._destroy_staging(fence)
 
     def __repr__(self) -> str:
         return f"<NativeDevice {self.description}>"
@@ -252,6 +261,19 @@ class NativeDevice:
     def lost(self) -> str | None:
         """"destroyed" once :meth:`destroy` ran, else None (wgpu-py reports no other loss)."""
         return "destroyed" if self._destroyed else None
+
+    def _count(self, what: str) -> None:
+        with self._counts_lock:
+            self.counts[what] += 1
+
+    def live_objects(self) -> dict[str, int]:
+        """Live objects made through this interface: "buffers", "pipelines", "programs", and
+        "staging" (the device's own readback and fence buffers, pooled by size bucket)."""
+        c = self.counts
+        return {"buffers": c["buffers created"] - c["buffers destroyed"],
+                "pipelines": c["pipelines created"] - c["pipelines destroyed"],
+                "programs": c["programs created"] - c["programs destroyed"],
+                "staging": c["staging buffers created"] - c["staging buffers destroyed"]}
 
     # -- buffers
 
@@ -262,7 +284,7 @@ class NativeDevice:
             raise ValueError(f"buffer '{label}' of {size} bytes exceeds maxBufferSize "
                              f"{self.limits.max_buffer_size}")
         buffer = self.device.create_buffer(size=size, usage=self._storage_usage, label=label)
-        self.counts["buffers created"] += 1
+        self._count("buffers created")
         return buffer
 
     def write_buffer(self, buffer: Any, data: Any, offset: int = 0) -> None:
@@ -280,7 +302,11 @@ class NativeDevice:
 
     def destroy_buffer(self, buffer: Any) -> None:
         buffer.destroy()
-        self.counts["buffers destroyed"] += 1
+        self._count("buffers destroyed")
+
+    def _destroy_staging(self, buffer: Any) -> None:
+        buffer.destroy()
+        self._count("staging buffers destroyed")
 
     # -- kernels and programs
 
@@ -299,12 +325,29 @@ class NativeDevice:
                 label=label, layout="auto", compute={"module": module, "entry_point": "main"})
         except Exception as err:
             raise ShaderCompileError(label, wgsl, [_error_text(err)]) from err
-        self.counts["pipelines created"] += 1
+        self._count("pipelines created")
         return NativeKernel(pipeline, label, wgsl)
 
     def create_kernels(self, sources: Sequence[tuple[str, str]]) -> list[NativeKernel]:
-        """:meth:`create_kernel` for each `(wgsl, label)`, one after another."""
-        return [self.create_kernel(wgsl, label) for wgsl, label in sources]
+        """:meth:`create_kernel` for each `(wgsl, label)`, one after another; when one fails,
+        those made before it are released."""
+        made: list[NativeKernel] = []
+        try:
+            for wgsl, label in sources:
+                made.append(self.create_kernel(wgsl, label))
+        except BaseException:
+            for kernel in made:
+                self.destroy_kernel(kernel)
+            raise
+        return made
+
+    def destroy_kernel(self, kernel: NativeKernel) -> None:
+        """Drop the device's references to a pipeline (wgpu releases it once no program
+        holds it either)."""
+        if kernel.pipeline is None:
+            return
+        kernel.pipeline = kernel._layout = None
+        self._count("pipelines destroyed")
 
     @staticmethod
     def _create_checked_module(device: Any, wgsl: str, label: str) -> Any:
@@ -371,8 +414,16 @@ class NativeDevice:
             else:
                 raise TypeError(f"program step must be Dispatch or Copy, not {type(step)}")
         chunks = [c for c in chunks if c]
-        self.counts["programs created"] += 1
+        self._count("programs created")
         return NativeProgram(chunks, chunk_size, n_dispatches, labels)
+
+    def destroy_program(self, program: NativeProgram) -> None:
+        """Drop a program's chunks and bind groups (a run in flight keeps what it holds)."""
+        if program.released:
+            return
+        program.released = True
+        program.chunks = []
+        self._count("programs destroyed")
 
     def _bind_group(self, kernel: NativeKernel, buffers: Sequence[Any], label: str) -> Any:
         entries = []
@@ -433,11 +484,29 @@ class NativeDevice:
         return encoder.finish()
 
     def _take_staging(self, size: int) -> Any:
-        free = self._staging.get(size)
-        if free:
-            return free.pop()
-        return self.device.create_buffer(size=size, usage=self._staging_usage,
+        """A readback buffer of at least `size` bytes, from the pool when one of its size
+        class is there: sizes are powers of two (256 bytes at least), so reads of many sizes
+        (a forward run at every batch size) share a few buffers."""
+        bucket = max(256, 1 << (size - 1).bit_length())
+        with self._staging_lock:
+            for i in range(len(self._staging) - 1, -1, -1):
+                if self._staging[i].size == bucket:
+                    return self._staging.pop(i)
+        self._count("staging buffers created")
+        return self.device.create_buffer(size=bucket, usage=self._staging_usage,
                                          label="tensorgrad-readback")
+
+    def _give_staging(self, buffer: Any) -> None:
+        """Back to the pool, which keeps the most recently used STAGING_KEPT buffers of at
+        most STAGING_KEPT_BYTES together (a one-off large read does not stay)."""
+        with self._staging_lock:
+            self._staging.append(buffer)
+            dropped = []
+            while (len(self._staging) > STAGING_KEPT
+                   or sum(b.size for b in self._staging) > STAGING_KEPT_BYTES):
+                dropped.append(self._staging.pop(0))
+        for old in dropped:
+            self._destroy_staging(old)
 
     async def _map_and_read(self, reads: list[tuple[Any, int, Any]],
                             nbytes: list[int]) -> list[memoryview]:
@@ -453,9 +522,9 @@ class NativeDevice:
             for _, _, size, staging in reads:
                 if staging.map_state == "mapped":
                     staging.unmap()
-                    self._staging.setdefault(size, []).append(staging)
+                    self._give_staging(staging)
                 else:  # pending or failed: never reuse it
-                    staging.destroy()
+                    self._destroy_staging(staging)
         return out
 
     def _plan_reads(self, reads: Sequence[tuple[Any, int]]) -> tuple[list, list[int]]:
@@ -515,14 +584,14 @@ class NativeDevice:
         if self._destroyed:
             return
         self._destroyed = True
-        for free in self._staging.values():
-            for buffer in free:
-                buffer.destroy()
+        for buffer in self._staging:
+            self._destroy_staging(buffer)
         self._staging.clear()
-        for buffer in [*self._fences, self._fence_src]:
-            if buffer is not None:
-                buffer.destroy()
+        for buffer in self._fences:
+            self._destroy_staging(buffer)
         self._fences.clear()
+        if self._fence_src is not None:
+            self._destroy_staging(self._fence_src)
         self.device.destroy()
 
 

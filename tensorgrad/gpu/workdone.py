@@ -10,6 +10,7 @@ falls back to a public mechanism when they move.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -29,7 +30,7 @@ class NativeWorkDone:
         self._ffi, self._lib, self._libf = _api.ffi, _api.lib, _api.libf
         self._device = device
         self._status: dict[int, int] = {}
-        self._ticket = 0
+        self._tickets = itertools.count(1)  # next() is atomic: handles may run in threads
         ffi = self._ffi
 
         def on_done(status: Any, *_rest: Any) -> None:
@@ -40,13 +41,13 @@ class NativeWorkDone:
     def signal(self) -> int:
         """Ask for a notification when the work submitted so far is done; a ticket."""
         ffi = self._ffi
-        self._ticket += 1
+        ticket = next(self._tickets)
         info = ffi.new("WGPUQueueWorkDoneCallbackInfo *")
         info.mode = self._lib.WGPUCallbackMode_AllowProcessEvents
         info.callback = self._callback
-        info.userdata1 = ffi.cast("void *", self._ticket)
+        info.userdata1 = ffi.cast("void *", ticket)
         self._libf.wgpuQueueOnSubmittedWorkDone(self._device.queue._internal, info[0])
-        return self._ticket
+        return ticket
 
     def _poll(self) -> None:
         self._libf.wgpuDevicePoll(self._device._internal, False, self._ffi.NULL)

@@ -235,6 +235,51 @@ async def check_kernel_batch(dev: Any) -> dict[str, Any]:
     raise AssertionError("a batch with invalid WGSL compiled without ShaderCompileError")
 
 
+LIVE_KINDS = ("buffers", "pipelines", "programs")
+
+
+def _live(dev: Any) -> dict[str, int]:
+    live = dev.live_objects()
+    return {k: live[k] for k in LIVE_KINDS}
+
+
+async def check_release(dev: Any) -> dict[str, Any]:
+    """destroy_program and destroy_kernel release what create_program and create_kernel(s)
+    made: live_objects() counts them and comes back to where it was (a second destroy changes
+    nothing), and a batch with a bad kernel leaves none of its pipelines live."""
+    base = _live(dev)
+    n = 64
+    x = dev.create_buffer(4 * n, "x")
+    kernels = _affine_kernels(dev)
+    program = dev.create_program([Dispatch(k, (x,), (1, 1, 1), f"affine{i}")
+                                  for i, k in enumerate(kernels)], 1)
+    (got,) = await dev.execute(program, [(x, array("I", [0] * n))], [(x, 4 * n)])
+    value = 0
+    for m, c in AFFINES:
+        value = (value * m + c) % 2**32
+    assert set(got.cast("I").tolist()) == {value}, got.cast("I").tolist()[:4]
+    made = {k: v - base[k] for k, v in _live(dev).items()}
+    assert made == {"buffers": 1, "pipelines": len(AFFINES), "programs": 1}, made
+    for _ in range(2):
+        dev.destroy_program(program)
+        for kernel in kernels:
+            dev.destroy_kernel(kernel)
+    dev.destroy_buffer(x)
+    assert _live(dev) == base, (_live(dev), base)
+    good = AFFINE_WGSL.replace("{M}", "3").replace("{C}", "1")
+    try:
+        dev.create_kernels([(good, "good_first"), (BAD_WGSL, "bad_in_batch")])
+        check = getattr(dev, "check_kernels", None)
+        if check is not None:
+            await check()
+    except ShaderCompileError:
+        pass
+    else:
+        raise AssertionError("a batch with invalid WGSL compiled without ShaderCompileError")
+    assert _live(dev) == base, ("a failed batch left pipelines live", _live(dev), base)
+    return {"made": made, "live": _live(dev)}
+
+
 async def ffi_calls_per_step(dev: Any, dispatches: int, steps: int = 3,
                              chunk_size: int = 32) -> dict[str, Any]:
     """FFI calls (and ms) per execute of an affine program of `dispatches` dispatches."""
@@ -258,4 +303,4 @@ async def ffi_calls_per_step(dev: Any, dispatches: int, steps: int = 3,
 CHECKS = {"add": check_add, "slices": check_slices, "dispatch_2d": check_dispatch_2d,
           "chunking": check_chunking,
           "copies_in_order": check_copies_in_order, "bad_wgsl": check_bad_wgsl,
-          "kernel_batch": check_kernel_batch}
+          "kernel_batch": check_kernel_batch, "release": check_release}

@@ -32,7 +32,7 @@ def test_device_limits_and_description(gpu: Page) -> None:
 
 
 @pytest.mark.parametrize("name", ["add", "slices", "dispatch_2d", "chunking",
-                                  "copies_in_order", "bad_wgsl", "kernel_batch"])
+                                  "copies_in_order", "bad_wgsl", "kernel_batch", "release"])
 def test_adapter_check(gpu: Page, name: str) -> None:
     facts = gpu.exec_json(f"await CHECKS[{name!r}](dev)")
     print(f"\n{name}:", facts)

@@ -307,6 +307,25 @@ def test_read_buffers_round_trip(gpu_device: NativeDevice) -> None:
     dev.destroy_buffer(other)
 
 
+def test_readback_buffers_are_pooled_within_bounds(gpu_device: NativeDevice) -> None:
+    """Reads of many sizes share a few pooled readback buffers (size classes of powers of
+    two), the pool keeps at most STAGING_KEPT of them and STAGING_KEPT_BYTES together, and a
+    one-off read larger than that does not stay."""
+    from tensorgrad.gpu.native import STAGING_KEPT, STAGING_KEPT_BYTES
+
+    dev = gpu_device
+    big = STAGING_KEPT_BYTES + (16 << 20)
+    buf = dev.create_buffer(big, "big")
+    for n in [4 * k for k in range(1, 300, 7)] + [1 << k for k in range(10, 24)]:
+        (got,) = run(dev.read_buffers([(buf, n)]))
+        assert len(got) == n and not any(got)
+        assert dev.live_objects()["staging"] <= STAGING_KEPT + 1, dev.live_objects()
+    run(dev.read_buffers([(buf, big)]))
+    assert sum(b.size for b in dev._staging) <= STAGING_KEPT_BYTES
+    assert dev.live_objects()["staging"] <= STAGING_KEPT + 1  # (+1: the fence's source)
+    dev.destroy_buffer(buf)
+
+
 def test_bind_error_names_the_dispatch(gpu_device: NativeDevice) -> None:
     dev = gpu_device
     kernel = dev.create_kernel(ADD, "add")
@@ -341,7 +360,7 @@ def test_compile_picks_kernels_by_the_device_kind(gpu_device: NativeDevice) -> N
 
 
 @pytest.mark.parametrize("name", ["add", "slices", "copies_in_order", "bad_wgsl",
-                                  "kernel_batch"])
+                                  "kernel_batch", "release"])
 def test_the_browser_adapter_checks_pass_natively(gpu_device: NativeDevice, name: str) -> None:
     from tests.browser.adapter_checks import CHECKS
 

@@ -1,0 +1,209 @@
+"""Cancelling the awaiter of a call: a call still waiting for its turn never runs; a call
+that has reached the GPU is completed and accounted (the step counter Adam's bias correction
+reads, the PRNG counter, uploads, resets), whether or not anything still awaits it, so the
+next steps give the bits of a run where nothing was cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tensorgrad as tg
+from tests.models import DeepMLP
+from tests.native.api_helpers import bits, run
+
+WIDTH = 128
+INPUTS = {"x": (256, WIDTH), "y": (256, WIDTH)}
+
+
+def deep_loss(m: DeepMLP, x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+    return tg.mean(tg.square(m(x) - y))
+
+
+def batch(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in INPUTS.items()}
+
+
+async def compile_deep(device: Any) -> tg.Training:
+    # ~100 kernels in chunks of 4: a step spans ~25 submissions, with waits between them
+    return await tg.compile(model=DeepMLP(width=WIDTH, scale=0.1), loss=deep_loss, inputs=INPUTS,
+                            optimizer=tg.optim.Adam(lr=1e-2), seed=1, device=device,
+                            chunk_size=4)
+
+
+async def on_the_gpu(queue: Any, call: asyncio.Future) -> None:
+    """Until the queue's running call (the one just made) is inside its GPU work."""
+    while not queue._busy:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not call.done(), "the call finished before it could be cancelled"
+
+
+_reference: dict[str, Any] = {}
+
+
+def reference(device: Any) -> dict[str, Any]:
+    """Params and step counts of an uncancelled run: steps on batches 0, 1, 2."""
+    if not _reference:
+        async def go() -> None:
+            train = await compile_deep(device)
+            _reference["init"] = bits(await train.download_params())
+            for k in range(3):
+                assert (await train.step(**batch(k))).kind == "completed"
+                _reference[k] = bits(await train.download_params())
+            train.destroy()
+        run(go())
+    return _reference
+
+
+def test_a_step_cancelled_on_the_gpu_is_applied_and_counted(gpu_device) -> None:
+    ref = reference(gpu_device)
+
+    async def go() -> None:
+        train = await compile_deep(gpu_device)
+        step = asyncio.ensure_future(train.step(**batch(0)))
+        await on_the_gpu(train._queue, step)
+        step.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await step
+        assert bits(await train.download_params()) == ref[0]   # the whole update landed
+        assert train.step_count == 1                            # and was counted
+        for k in (1, 2):
+            assert (await train.step(**batch(k))).kind == "completed"
+        assert train.step_count == 3
+        assert bits(await train.download_params()) == ref[2]
+        train.destroy()
+
+    run(go())
+
+
+def test_a_step_timed_out_on_the_gpu_is_applied_and_counted(gpu_device) -> None:
+    ref = reference(gpu_device)
+
+    async def go() -> None:
+        train = await compile_deep(gpu_device)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(train.step(**batch(0)), 0.001)
+        for k in (1, 2):
+            assert (await train.step(**batch(k))).kind == "completed"
+        assert train.step_count == 3
+        assert bits(await train.download_params()) == ref[2]
+        train.destroy()
+
+    run(go())
+
+
+def test_a_step_cancelled_in_the_queue_never_runs(gpu_device) -> None:
+    ref = reference(gpu_device)
+
+    async def go() -> None:
+        train = await compile_deep(gpu_device)
+        first = asyncio.ensure_future(train.step(**batch(0)))
+        queued = asyncio.ensure_future(train.step(**batch(7)))
+        await on_the_gpu(train._queue, first)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert (await first).kind == "completed"
+        assert train.step_count == 1
+        assert bits(await train.download_params()) == ref[0]
+        for k in (1, 2):
+            assert (await train.step(**batch(k))).kind == "completed"
+        assert train.step_count == 3
+        assert bits(await train.download_params()) == ref[2]
+        train.destroy()
+
+    run(go())
+
+
+def test_a_step_left_running_when_its_event_loop_ends_completes(gpu_device) -> None:
+    """The native tests' own pattern: one handle over several asyncio.run calls. asyncio.run
+    cancels the tasks left at its end; a step on the GPU then finishes there (a queued one
+    is withdrawn), and the next loop carries on from it."""
+    ref = reference(gpu_device)
+    train = run(compile_deep(gpu_device))
+
+    async def leave_a_step() -> None:
+        step = asyncio.ensure_future(train.step(**batch(0)))
+        asyncio.ensure_future(train.step(**batch(7)))  # queued: withdrawn at the loop's end
+        await on_the_gpu(train._queue, step)
+
+    run(leave_a_step())
+    assert train.step_count == 1
+
+    async def go_on() -> None:
+        assert bits(await train.download_params()) == ref[0]
+        for k in (1, 2):
+            assert (await train.step(**batch(k))).kind == "completed"
+        assert bits(await train.download_params()) == ref[2]
+
+    run(go_on())
+    assert train.step_count == 3
+    train.destroy()
+
+
+def test_uploads_resets_and_lr_changes_cancelled_in_the_queue_never_run(gpu_device) -> None:
+    ref = reference(gpu_device)
+
+    async def go() -> None:
+        train = await compile_deep(gpu_device)
+        zeros = {n: np.zeros(s, np.float32) for n, s in train.param_shapes.items()}
+        first = asyncio.ensure_future(train.step(**batch(0)))
+        queued = [asyncio.ensure_future(c) for c in (
+            train.upload_params(zeros), train.reset(), train.reset_optimizer_state(),
+            train.set_lr(0.0))]
+        await on_the_gpu(train._queue, first)
+        for call in queued:
+            call.cancel()
+        for call in queued:
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        assert (await first).kind == "completed"
+        for k in (1, 2):
+            assert (await train.step(**batch(k))).kind == "completed"
+        assert train.step_count == 3
+        assert bits(await train.download_params()) == ref[2]
+        train.destroy()
+
+    run(go())
+
+
+class Noisy(tg.Module):
+    def __init__(self) -> None:
+        self.body = DeepMLP(width=WIDTH, depth=8, scale=0.1)
+
+    def forward(self, x: tg.Tensor) -> tg.Tensor:
+        return tg.dropout(self.body(x), 0.5)
+
+
+def test_a_forward_run_cancelled_on_the_gpu_keeps_its_place_in_the_prng_sequence(
+        gpu_device) -> None:
+    """Each run of a forward with dropout draws the next PRNG seed; a run cancelled on the
+    GPU still drew its seed, so the runs after it give the outputs of an uncancelled run."""
+    x = batch(0)["x"]
+
+    async def outputs(cancel_first: bool) -> list[bytes]:
+        forward = await tg.compile_forward(model=Noisy(), forward=lambda m, x: m(x),
+                                           inputs={"x": INPUTS["x"]}, device=gpu_device,
+                                           seed=2, chunk_size=2)
+        got = []
+        first = asyncio.ensure_future(forward.run(x=x))
+        if cancel_first:
+            await on_the_gpu(forward._queue, first)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+        else:
+            got.append((await first).output.tobytes())
+        for _ in range(2):
+            got.append((await forward.run(x=x)).output.tobytes())
+        forward.destroy()
+        return got
+
+    plain = run(outputs(False))
+    assert len(set(plain)) == 3  # each run draws new dropout masks
+    assert run(outputs(True)) == plain[1:]
