@@ -20,14 +20,13 @@ from .errors import AbortError, ShapeError
 from .flight import CallQueue
 from .gpu import GPUDevice, request_device
 from .hostdata import to_bytes
-from .init import random_seed
 from .ir import Graph
 from .lr import rebase
 from .module import Module
 from .results import Aborted, Captures, Completed, Failed, Result
 from .runtime import Executable, ParamStore
 from .tensor import PRNG_SEED_INPUT
-from .trace import normalize_inputs, resolve_shapes
+from .trace import check_seed, normalize_inputs, resolve_shapes
 
 DEFAULT_CHUNK_SIZE = 32
 _default_device: GPUDevice | None = None
@@ -138,19 +137,19 @@ class Training(_Runner):
         super().__init__()
         self.device = device
         self._loss_fn = loss
+        self._decls = normalize_inputs(inputs, wildcards=False, op="compile")
         self._input_decls = dict(inputs)
         self._chunk_size = chunk_size
         self._fuse = fuse
         self._children: list[Forward] = []
         self._exe: Executable | None = None
         self._store: ParamStore | None = None
-        self._decls = normalize_inputs(inputs, wildcards=False, op="compile")
         # Everything that touches this training's GPU state runs in call order, one at a
         # time (attached forwards too): an upload never lands inside a step.
         self._queue = CallQueue()
 
     def _build(self, model: Module, optimizer: Any, seed: int | None) -> None:
-        seed = random_seed() if seed is None else int(seed)
+        seed = check_seed(seed)
         c = compile_graph(Request("training", model, self._loss_fn, self._input_decls,
                                   optimizer=optimizer, seed=seed),
                           Options.for_device(self.device, fuse=self._fuse,
@@ -208,6 +207,12 @@ class Training(_Runner):
         """One forward + backward + optimizer update (await it). Returns Completed(loss,
         captures), Aborted() or Failed(error); a NaN or Inf loss is Failed.
 
+        Each input is a numpy array, a buffer (array.array, memoryview, bytes) or a (nested)
+        list of its declared dtype and size. Data that carries a shape of 2 or more dims must
+        have the declared shape exactly (a transposed ``x.T`` of the right size is a
+        ShapeError, never silently misread); flat data (1-D arrays and buffers, flat lists) of
+        the right size is read in row-major order; a single value fits a one-element shape.
+
         The inputs are checked and copied when step is called, and calls on this training
         (steps, uploads, resets, forward runs) run one at a time in call order. A step called
         before replace_model/destroy returns Aborted if it had not finished."""
@@ -251,7 +256,12 @@ class Training(_Runner):
     def upload_params(self, params: Mapping[str, Any], partial: bool = False
                       ) -> Coroutine[Any, Any, None]:
         """Write params {name: array}; every name unless `partial`. Checked and copied when
-        called (a bad name or size raises then); written in call order with the steps."""
+        called (a bad name, size or shape raises then); written in call order with the steps.
+
+        The shape rule of :meth:`step` applies: an array of 2 or more dims must have the
+        param's shape (``param_shapes``) exactly, flat data of the right size is row-major. A
+        PyTorch ``nn.Linear.weight`` is ``[out, in]``, tensorgrad's ``Linear.W`` ``[in, out]``:
+        pass its transpose."""
         store = self._live_store()
         data = store.check(params, partial)
         return self._queue.submit(lambda: self._write_params(store, data))
@@ -314,6 +324,8 @@ class Training(_Runner):
         before it return Aborted if they had not finished; attached forwards retrace against
         the new model. The rebuild runs once the calls before it are done."""
         self._live_exe()
+        if seed is not None:
+            check_seed(seed)  # a bad seed raises now, not inside the queue
         self._generation += 1
         for child in self._children:
             child._invalidate()
@@ -372,6 +384,7 @@ class Forward(_Runner):
         super().__init__()
         if output not in ("f32", "i32"):
             raise ShapeError("forward", f"output must be 'f32' or 'i32', got {output!r}")
+        dtypes = {n: d.dtype for n, d in normalize_inputs(inputs).items()}  # a clear error first
         self.device = device
         self._forward = forward
         self._input_decls = dict(inputs)
@@ -384,7 +397,7 @@ class Forward(_Runner):
         self._own_model = model
         self._cache: OrderedDict[str, tuple[Executable, Any]] = OrderedDict()
         self._prng_counter = 0
-        self._dtypes = {n: d.dtype for n, d in normalize_inputs(self._input_decls).items()}
+        self._dtypes = dtypes
         self._own_queue = CallQueue()
 
     @property
@@ -448,7 +461,8 @@ class Forward(_Runner):
 
     def run(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
         """Run the forward (await it): Completed(output, captures), Aborted() or
-        Failed(error). The inputs are checked and copied when run is called; runs of an
+        Failed(error). The inputs are checked and copied when run is called (the shape rule of
+        :meth:`Training.step`; a None dim is resolved from the data's size); runs of an
         attached forward take their turn with the training's steps, in call order."""
         generation = self._generation
         try:
@@ -478,7 +492,8 @@ class Forward(_Runner):
     def upload_params(self, params: Mapping[str, Any], partial: bool = False
                       ) -> Coroutine[Any, Any, None]:
         """Write params {name: array} (the owner's, for an attached forward); checked and
-        copied when called, written in call order."""
+        copied when called (the shape rule of :meth:`Training.upload_params`), written in
+        call order."""
         store = self._store
         data = store.check(params, partial)
 
@@ -509,12 +524,17 @@ async def compile(*, model: Module, loss: Callable[..., Any], inputs: Mapping[st
     """Trace `loss(model, **inputs)`, derive gradients, append `optimizer` and compile the
     whole training step for `device` (default: navigator.gpu in Pyodide, wgpu natively).
 
-    `inputs`: {name: shape} (f32) or {name: (shape, "i32")}. `chunk_size`: most compute
+    `inputs`: {name: shape} (f32) or {name: (shape, "i32")}. Host data given to `step` must
+    fit it: data carrying 2 or more dims (numpy arrays, nested lists, memoryviews) must have
+    the declared shape exactly, flat data of the right size is read row-major. `seed`: an int
+    (None: random). `chunk_size`: most compute
     passes per GPU submission (0: one submission per step). `fuse`: inline chains of
     elementwise ops into single kernels (fewer dispatches, less memory traffic). Mistakes in the model raise
     here (ShapeError / TraceError); `step` itself never raises."""
     if not isinstance(chunk_size, int) or chunk_size < 0:
         raise ValueError(f"chunk_size must be an int >= 0, got {chunk_size!r}")
+    normalize_inputs(inputs, wildcards=False, op="compile")  # clear errors before the device
+    check_seed(seed)
     device = device or await default_device()
     train = Training(device, loss, inputs, chunk_size, fuse)
     train._build(model, optimizer, seed)
@@ -527,8 +547,9 @@ async def compile_forward(*, model: Module, forward: Callable[..., Any],
                           max_cached_shapes: int = 8,
                           chunk_size: int = DEFAULT_CHUNK_SIZE, fuse: bool = True) -> Forward:
     """A standalone forward executor with its own params (initialised from `seed`)."""
+    seed = check_seed(seed)
+    normalize_inputs(inputs, op="compile_forward")  # a clear error before any allocation
     device = device or await default_device()
-    seed = random_seed() if seed is None else int(seed)
     store = ParamStore(device, model.named_params(), seed)
     return Forward(device, forward, inputs, output, max_cached_shapes, chunk_size,
                    store=store, model=model, fuse=fuse)

@@ -76,7 +76,7 @@ class ParamStore:
             raise KeyError(f"upload_params: missing param(s) {missing} (pass partial=True "
                            "to upload a subset)")
         return {n: bytes(to_bytes(f"upload_params '{n}'", v, self.specs[n].shape,
-                                  self.specs[n].dtype))
+                                  self.specs[n].dtype, param=True))
                 for n, v in params.items()}
 
     def write(self, data: Mapping[str, bytes]) -> None:

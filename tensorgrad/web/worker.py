@@ -272,11 +272,19 @@ def _inputs(payload: dict[str, Any], what: str) -> dict[str, Any]:
     return dict(inputs)
 
 
+def _seed(value: Any) -> Any:
+    """A payload's seed: a whole JS number as an int; anything else as given (compile
+    rejects it with a clear error, nothing is converted silently)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 @handler("compile")
 async def _compile(payload: dict[str, Any], session: Session) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if payload.get("seed") is not None:
-        kwargs["seed"] = int(payload["seed"])
+        kwargs["seed"] = _seed(payload["seed"])
     train = await api.compile(
         model=session.evaluate(payload["model"]), loss=session.evaluate(payload["loss"]),
         inputs=payload["inputs"], optimizer=session.optimizer(payload.get("optimizer")),
@@ -325,7 +333,7 @@ async def _attach(payload: dict[str, Any], session: Session) -> dict[str, Any]:
 @handler("uploadParams")
 async def _upload_params(payload: dict[str, Any], session: Session) -> None:
     graph = session.graph(payload["graphId"])
-    params = {name: flat_buffer(data) for name, data in _inputs(payload, "params").items()}
+    params = _inputs(payload, "params")  # checked by upload_params (shapes too), not flattened
     async with graph.lock:
         await graph.obj.upload_params(params, partial=bool(payload.get("partial", False)))
 
@@ -367,7 +375,7 @@ async def _replace_model(payload: dict[str, Any], session: Session) -> dict[str,
     train = _training(graph, "replaceModel", payload["graphId"])
     kwargs: dict[str, Any] = {}
     if payload.get("seed") is not None:
-        kwargs["seed"] = int(payload["seed"])
+        kwargs["seed"] = _seed(payload["seed"])
     if payload.get("optimizer") is not None:
         kwargs["optimizer"] = session.optimizer(payload["optimizer"])
     async with graph.lock:

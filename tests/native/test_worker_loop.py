@@ -126,3 +126,28 @@ def test_step_on_a_destroyed_graph_is_aborted(session) -> None:
     assert call(session, "destroy", {"graphId": info["graphId"]})["ok"]
     reply = call(session, "step", {"graphId": info["graphId"], "inputs": {"x": X, "y": Y}})
     assert reply["ok"] and reply["result"] == {"kind": "aborted"}
+
+
+def test_shaped_data_over_the_protocol_is_checked_against_the_declared_shape(session) -> None:
+    """A 2-D buffer reaches upload_params and step with its shape (the worker does not flatten
+    it first): a transposed one is refused, one of the declared shape or flat one is taken."""
+    info = compile_tiny(session, {"kind": "sgd", "lr": 0.1})
+    gid = info["graphId"]
+    w_t = memoryview(array.array("f", [1.0, 2.0, 3.0])).cast("B").cast("f", (1, 3))
+    reply = call(session, "uploadParams", {"graphId": gid, "params": {"fc.W": w_t},
+                                           "partial": True})
+    assert not reply["ok"] and reply["error"]["name"] == "ShapeError", reply
+    assert reply["error"]["message"].startswith(
+        "upload_params 'fc.W': got [1, 3], the transpose of [3, 1]: pass w.T"), reply
+    x_t = memoryview(X).cast("B").cast("f", (3, 2))
+    reply = call(session, "step", {"graphId": gid, "inputs": {"x": x_t, "y": Y}})
+    assert reply["ok"] and reply["result"]["kind"] == "failed", reply
+    assert reply["result"]["error"]["message"].startswith(
+        "input 'x': got [3, 2], the transpose of [2, 3]: pass x.T"), reply
+    w = memoryview(array.array("f", [1.0, 2.0, 3.0])).cast("B").cast("f", (3, 1))
+    reply = call(session, "uploadParams", {"graphId": gid, "params": {"fc.W": w},
+                                           "partial": True})
+    assert reply["ok"], reply
+    x = memoryview(X).cast("B").cast("f", (2, 3))
+    reply = call(session, "step", {"graphId": gid, "inputs": {"x": x, "y": Y}})
+    assert reply["ok"] and reply["result"]["kind"] == "completed", reply

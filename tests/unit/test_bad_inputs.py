@@ -5,6 +5,7 @@ browser-only ones in tests/browser/test_bad_inputs.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 import traceback
@@ -55,6 +56,33 @@ def training(model: tg.Module, loss: Callable[..., Any] = mse, inputs: Any = INP
     return lambda: compile_graph(
         Request("training", model, loss, inputs, optimizer=optimizer or tg.optim.SGD(lr=0.1)),
         Options(), until="optimizer")
+
+
+def compiling(**changes: Any) -> Callable[[], Any]:
+    """The user's ``await tg.compile(...)`` with these arguments changed (it fails before it
+    asks for a device)."""
+    kwargs = {"model": MLP(), "loss": mse, "inputs": INPUTS, "optimizer": tg.optim.SGD(lr=0.1),
+              **changes}
+    return lambda: asyncio.run(tg.compile(**kwargs))
+
+
+def forward_compiling(**changes: Any) -> Callable[[], Any]:
+    kwargs = {"model": MLP(), "forward": lambda m, x: m(x), "inputs": {"x": (None, 2)},
+              **changes}
+    return lambda: asyncio.run(tg.compile_forward(**kwargs))
+
+
+class Layers(tg.Module):
+    """Layers in a list that (by mistake) contains itself, or a dict that does."""
+
+    def __init__(self, container: str) -> None:
+        self.first = tg.Linear(2, 4)
+        if container == "list":
+            self.layers = [tg.Linear(4, 4)]
+            self.layers.append(self.layers)
+        else:
+            self.blocks = {"a": {"fc": tg.Linear(4, 4)}}
+            self.blocks["a"]["again"] = self.blocks
 
 
 def safetensors_file(header: Any, blob: bytes = b"", raw_header: bytes | None = None) -> bytes:
@@ -115,6 +143,34 @@ CATALOGUE = [
         ShapeError, r"^trace: input name 'x-1' must be a Python identifier"),
     Bad("inputs that are not a dict", training(MLP(), inputs=[(3, 2)]), ShapeError,
         r"^trace: inputs must be a dict \{name: shape\}"),
+    Bad("compile's inputs as a string", compiling(inputs="x"), ShapeError,
+        r"^compile: inputs must be a dict \{name: shape\} or \{name: \(shape, dtype\)\}, e\.g\. "
+        r"\{'x': \(32, 784\), 'y': \(\(32,\), 'i32'\)\}; got str 'x'"),
+    Bad("compile's inputs as a number", compiling(inputs=3), ShapeError,
+        r"^compile: inputs must be a dict \{name: shape\}.*; got int 3"),
+    Bad("compile's inputs as None", compiling(inputs=None), ShapeError,
+        r"^compile: inputs must be a dict \{name: shape\}.*; got NoneType None"),
+    Bad("compile_forward's inputs as a string", forward_compiling(inputs="x"), ShapeError,
+        r"^compile_forward: inputs must be a dict \{name: shape\}.*; got str 'x'"),
+    Bad("a seed that is a string", compiling(seed="abc"), TypeError,
+        r"^seed must be an int \(32-bit\), got 'abc' \(str\); pass an int, or None for a "
+        r"random seed"),
+    Bad("a seed that is a float", compiling(seed=2.5), TypeError,
+        r"^seed must be an int \(32-bit\), got 2\.5 \(float\)"),
+    Bad("a seed that is a bool", compiling(seed=True), TypeError,
+        r"^seed must be an int \(32-bit\), got True \(bool\)"),
+    Bad("compile_forward with a string seed", forward_compiling(seed="7"), TypeError,
+        r"^seed must be an int \(32-bit\), got '7' \(str\)"),
+    Bad("a list of layers that contains itself", lambda: Layers("list").param_names(),
+        ValueError, r"^Layers: 'layers\.1' is the list 'layers' again, which contains itself: "
+        r"a reference cycle through lists, tuples and dicts has no finite param names"),
+    Bad("a dict of layers that contains itself", training(Layers("dict")), ValueError,
+        r"^Layers: 'blocks\.a\.again' is the dict 'blocks' again, which contains itself"),
+    Bad("exporting with a weight in PyTorch's [out, in] layout",
+        lambda: tg.export.torch(MLP(), inputs={"x": (None, 2)}, params={
+            "l1.W": np.zeros((4, 2), np.float32), "l1.b": np.zeros(4, np.float32)}),
+        ShapeError, r"^param 'l1\.W': got \[4, 2\], the transpose of \[2, 4\]: pass w\.T \(a "
+        r"PyTorch Linear weight is \[out, in\]; tensorgrad's Linear weight is \[in, out\]\)"),
     Bad("input names that do not match the loss", training(MLP(), wrong_signature),
         TraceError, r"input name mismatch: the loss function wrong_signature\(m, x, z\) is "
         r"called as \(model, x=\.\.\., y=\.\.\.\), but it requires \['z'\]"),

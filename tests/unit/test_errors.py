@@ -133,7 +133,7 @@ def test_i32_where_f32_needed():
 
 
 def test_bad_seed():
-    with pytest.raises(TraceError, match=r"seed must be an int \(32-bit\), got 1.5"):
+    with pytest.raises(TypeError, match=r"seed must be an int \(32-bit\), got 1.5 \(float\)"):
         tg.trace(Lin(), mse, XY, seed=1.5)
 
 
