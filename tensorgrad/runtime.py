@@ -24,6 +24,7 @@ from .ir import Graph, Node
 from .ops.arena import ALIGN, arena_layout
 from .ops.index import input_index_bounds
 from .ops.registry import OPS
+from .plan import check_bytes
 
 
 class ParamStore:
@@ -45,6 +46,7 @@ class ParamStore:
                              f"params {sorted(f32)}")
         self.layout = dict(layout)
         size = max([self.layout[n] + self.specs[n].size for n in f32], default=0)
+        self._check_limits(device.limits, 4 * size if f32 else 0)
         self.arena = device.create_buffer(4 * max(size, ALIGN), "params") if f32 else None
         self.buffers: dict[str, Any] = {}
         for name, spec in self.specs.items():
@@ -54,6 +56,15 @@ class ParamStore:
             else:
                 self.buffers[name] = device.create_buffer(max(4, 4 * spec.size), name)
         self.reset()
+
+    def _check_limits(self, limits: Any, arena_bytes: int) -> None:
+        """DeviceLimitError, as tg.compile's plan raises it, before anything is allocated or
+        initialised: every param must fit one binding, the arena one buffer."""
+        for name, spec in self.specs.items():
+            check_bytes("param", f"param '{name}' {spec.dtype}{list(spec.shape)}",
+                        4 * spec.size, limits)
+        check_bytes("param", f"the param arena ({len(self.layout)} f32 params, "
+                    f"{arena_bytes // 4:,} values)", arena_bytes, limits, bound=False)
 
     @property
     def names(self) -> list[str]:

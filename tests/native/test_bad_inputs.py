@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -354,5 +355,47 @@ def test_a_tensor_over_the_device_limit_fails_at_compile(gpu_device) -> None:
                            r"more than the device's max_storage_buffer_binding_size"):
             await tg.compile(model=TinyMLP(), loss=loss, inputs={"x": (B, 2), "y": (big,)},
                              optimizer=tg.optim.Adam(lr=0.1), device=gpu_device)
+
+    run(go())
+
+
+class Wide(tg.Module):
+    """`count` params of `n` values each (randn-initialised: making them is not free)."""
+
+    def __init__(self, n: int, count: int = 1) -> None:
+        self.ws = [self.param((n,)) for _ in range(count)]
+
+    def forward(self, x: tg.Tensor) -> tg.Tensor:
+        return x * tg.sum(self.ws[0])
+
+
+@pytest.mark.parametrize("case", ["a param over one binding", "params over one buffer"])
+def test_compile_forward_checks_device_limits_before_it_allocates(gpu_device, case) -> None:
+    """tg.compile_forward refuses what tg.compile refuses, with the same error, before the
+    param store creates (or fills) a buffer."""
+    limits = gpu_device.limits
+    if case == "a param over one binding":
+        model = Wide(limits.max_storage_buffer_binding_size // 4 + 1)
+        want = (r"^param: param 'ws\.0' f32\[\d+\] needs [\d,]+ bytes, more than the device's "
+                r"max_storage_buffer_binding_size of [\d,]+ bytes")
+    else:
+        per = min(limits.max_storage_buffer_binding_size, limits.max_buffer_size) // 4
+        model = Wide(per, count=limits.max_buffer_size // (4 * per) + 1)
+        want = (r"^param: the param arena \(\d+ f32 params, [\d,]+ values\) needs [\d,]+ bytes, "
+                r"more than the device's max_buffer_size of [\d,]+ bytes")
+
+    async def go() -> None:
+        created = gpu_device.counts["buffers created"]
+        t0 = time.perf_counter()
+        with pytest.raises(DeviceLimitError, match=want):
+            await tg.compile_forward(model=model, forward=lambda m, x: m(x),
+                                     inputs={"x": (2,)}, device=gpu_device, seed=0)
+        assert time.perf_counter() - t0 < 0.5
+        assert gpu_device.counts["buffers created"] == created
+        if case == "a param over one binding":  # tg.compile says the same
+            with pytest.raises(DeviceLimitError, match=want.replace("^param: ", "")):
+                await tg.compile(model=model, loss=lambda m, x: tg.mean(m(x)),
+                                 inputs={"x": (2,)}, optimizer=tg.optim.SGD(lr=0.1),
+                                 device=gpu_device)
 
     run(go())
