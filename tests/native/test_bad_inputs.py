@@ -399,3 +399,43 @@ def test_compile_forward_checks_device_limits_before_it_allocates(gpu_device, ca
                                  device=gpu_device)
 
     run(go())
+
+
+@pytest.mark.parametrize("how", ["NativeDevice.destroy()", "the wgpu device's destroy()"])
+def test_a_lost_device_fails_every_call_by_name_and_a_new_device_works(monkeypatch, how
+                                                                        ) -> None:
+    """The native twin of the browser's test: once the device is lost, steps fail and the
+    other calls raise tg.DeviceLostError (not wgpu's GPUValidationError), and tg.compile
+    asks for a new default device."""
+    from tensorgrad import api
+    from tensorgrad.gpu.native import request_native_device
+
+    async def go() -> None:
+        device = await request_native_device()
+        monkeypatch.setattr(api, "_default_device", device)
+        train = await compile_tiny(None)
+        assert train.device is device and (await train.step(**data())).kind == "completed"
+        if how == "NativeDevice.destroy()":
+            device.destroy()
+            reason = r"destroyed"
+        else:
+            device.device.destroy()
+            reason = r"wgpu: .*device is lost"
+        lost = await train.step(**data())
+        assert isinstance(lost, tg.Failed) and isinstance(lost.error, tg.DeviceLostError), lost
+        assert re.match(rf"the GPU device was lost \({reason}\); its graphs cannot run any more: "
+                        r"compile again \(tg\.compile asks for a new default device\)",
+                        lost.message), lost.message
+        assert device.lost
+        for call in (train.download_params, lambda: train.upload_params(
+                {"l1.b": np.zeros(8, np.float32)}, partial=True),
+                     lambda: compile_tiny(device)):
+            with pytest.raises(tg.DeviceLostError, match=r"^the GPU device was lost"):
+                await call()
+        train.destroy()  # freeing on a lost device raises nothing
+        fresh = await compile_tiny(None)  # a new default device
+        assert fresh.device is not device and (await fresh.step(**data())).kind == "completed"
+        fresh.destroy()
+        fresh.device.destroy()
+
+    run(go())
