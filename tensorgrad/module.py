@@ -89,13 +89,13 @@ class Module:
         if dtype not in PARAM_DTYPES:
             raise ShapeError(op, f"dtype must be one of {PARAM_DTYPES}, got {dtype!r}")
         spec = _init.DEFAULT if init is None else init
-        _init.check_spec(spec, shape, dtype, op)
         if decay is not None and not isinstance(decay, bool):
             raise ShapeError(op, f"decay must be True, False or None, got {decay!r}")
         if fan_in is None:
             fan_in = _init.default_fan_in(shape)
         elif isinstance(fan_in, bool) or not isinstance(fan_in, int) or fan_in <= 0:
             raise ShapeError(op, f"fan_in must be a positive int, got {fan_in!r}")
+        _init.check_spec(spec, shape, dtype, op, fan_in)
         return Param(shape, dtype, spec, _init.default_decay(spec) if decay is None else decay,
                      fan_in)
 

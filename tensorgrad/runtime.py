@@ -19,7 +19,7 @@ from .codegen.program import is_core
 from .errors import AbortError, PlanError, ShapeError
 from .gpu.interface import BufferSlice, Copy, Dispatch, GPUDevice, split_slice
 from .hostdata import from_bytes, to_bytes
-from .init import ParamSpec, init_params
+from .init import ParamSpec, check_spec, init_params
 from .ir import Graph, Node
 from .ops.arena import ALIGN, arena_layout
 from .ops.index import input_index_bounds
@@ -59,8 +59,10 @@ class ParamStore:
 
     def _check_limits(self, limits: Any, arena_bytes: int) -> None:
         """DeviceLimitError, as tg.compile's plan raises it, before anything is allocated or
-        initialised: every param must fit one binding, the arena one buffer."""
+        initialised: every param must fit one binding, the arena one buffer; ShapeError for an
+        init that would make non-finite values."""
         for name, spec in self.specs.items():
+            check_spec(spec.init, spec.shape, spec.dtype, f"param '{name}'", spec.fan_in)
             check_bytes("param", f"param '{name}' {spec.dtype}{list(spec.shape)}",
                         4 * spec.size, limits)
         check_bytes("param", f"the param arena ({len(self.layout)} f32 params, "

@@ -72,6 +72,13 @@ def forward_compiling(**changes: Any) -> Callable[[], Any]:
     return lambda: asyncio.run(tg.compile_forward(**kwargs))
 
 
+class Weighted(tg.Module):
+    """One param of three values with the given init."""
+
+    def __init__(self, init: Any, dtype: str = "f32") -> None:
+        self.w = self.param((3,), init=init, dtype=dtype)
+
+
 class Layers(tg.Module):
     """Layers in a list that (by mistake) contains itself, or a dict that does."""
 
@@ -161,6 +168,29 @@ CATALOGUE = [
         r"^seed must be an int \(32-bit\), got True \(bool\)"),
     Bad("compile_forward with a string seed", forward_compiling(seed="7"), TypeError,
         r"^seed must be an int \(32-bit\), got '7' \(str\)"),
+    Bad("a NaN in a literal init", lambda: Weighted(tg.init.literal([1.0, float("nan"), 2.0])),
+        ShapeError, r"^Weighted\.param: init\.literal holds nan at flat index 1, which is not a "
+        r"finite f32 \(\|v\| <= 3\.402823e\+38\); params must start finite \(a non-finite "
+        r"param makes every loss NaN, whatever the learning rate\)\n  at .*test_bad_inputs\.py"),
+    Bad("a literal init beyond f32", lambda: Weighted(tg.init.literal([0.0, 1e39, 0.0])),
+        ShapeError, r"^Weighted\.param: init\.literal holds 1e\+39 at flat index 1, which is "
+        r"not a finite f32"),
+    Bad("an infinite randn scale", lambda: tg.Linear(2, 4, init=tg.init.randn(float("inf"))),
+        ShapeError, r"^Linear\.param: init\.randn\(scale=inf\) makes non-finite values \(the "
+        r"scale must be finite\); params must start finite.*\n  at .*test_bad_inputs\.py"),
+    Bad("a randn scale whose values overflow f32", lambda: Weighted(tg.init.randn(1e38)),
+        ShapeError, r"^Weighted\.param: init\.randn\(scale=1e\+38\) makes values up to "
+        r"6\.79e\+38, beyond f32's range \(3\.4e\+38\): they would be inf"),
+    Bad("a NaN kaiming gain", lambda: Weighted(tg.init.kaiming(float("nan"))), ShapeError,
+        r"^Weighted\.param: init\.kaiming\(gain=nan\) makes non-finite values"),
+    Bad("a fractional literal for an i32 param",
+        lambda: Weighted(tg.init.literal([1.5, 0, 0]), dtype="i32"), ShapeError,
+        r"^Weighted\.param: init\.literal holds 1\.5 at flat index 0, which is not an i32 "
+        r"\(a whole number in -2147483648\.\.2147483647\)\n  at "),
+    Bad("a non-finite init spec at compile (a ParamSpec made by hand)",
+        lambda: tg.init.init_params([tg.init.ParamSpec("enc.w", (4,),
+                                                       init=tg.init.Randn(float("nan")))], 0),
+        ShapeError, r"^param 'enc\.w': init\.randn\(scale=nan\) makes non-finite values"),
     Bad("a list of layers that contains itself", lambda: Layers("list").param_names(),
         ValueError, r"^Layers: 'layers\.1' is the list 'layers' again, which contains itself: "
         r"a reference cycle through lists, tuples and dicts has no finite param names"),
