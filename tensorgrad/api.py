@@ -25,6 +25,7 @@ from .lr import rebase
 from .module import Module
 from .results import Aborted, Captures, Completed, Failed, Result
 from .runtime import Executable, ParamStore
+from .skipped import non_finite_grad, non_finite_param, non_finite_update
 from .tensor import PRNG_SEED_INPUT
 from .trace import check_seed, normalize_inputs, resolve_shapes
 
@@ -242,15 +243,33 @@ class Training(_Runner):
         out, caps, applied = await exe.run(checked)
         loss = _scalar(out)
         if not math.isfinite(loss) or not applied:
-            what = (f"loss is {loss}" if not math.isfinite(loss) else
-                    f"the loss is finite ({loss:.6g}) but a gradient is not")
-            culprit = _non_finite_input(data, {n: d.dtype for n, d in self._decls.items()})
-            return Failed(FloatingPointError(
-                f"{what} at step {t}: the update was skipped, params and optimizer state are "
-                "unchanged" + (f"; {culprit}" if culprit else
-                               " (training diverged: lower the learning rate, clip gradients)")))
+            return Failed(FloatingPointError(await self._skipped(exe, data, loss, t)))
         self._t = t
         return Completed(loss=loss, captures=Captures(caps))
+
+    async def _skipped(self, exe: Executable, data: Mapping[str, bytes], loss: float, t: int
+                       ) -> str:
+        """Why step `t` was skipped (looked up after the fact: a good step pays nothing)."""
+        skipped = "the update was skipped, params and optimizer state are unchanged"
+        culprit = _non_finite_input(data, {n: d.dtype for n, d in self._decls.items()})
+        if culprit:
+            what = f"loss is {loss}" if not math.isfinite(loss) else \
+                f"the loss is finite ({loss:.6g}) but a gradient is not"
+            return f"{what} at step {t}: {skipped}; {culprit}"
+        if not math.isfinite(loss):
+            param = await non_finite_param(self._live_store())
+            return f"loss is {loss} at step {t}: {skipped}" + (
+                f"; {param} (params must be finite: check what was uploaded)" if param else
+                " (training diverged: lower the learning rate, clip gradients)")
+        grad = await non_finite_grad(exe, self._grads)
+        if grad:
+            return (f"the loss is finite ({loss:.6g}) but a gradient is not at step {t}: "
+                    f"{skipped}; {grad} (training diverged: lower the learning rate, clip "
+                    "gradients)")
+        what, where = await non_finite_update(exe, self._grads)
+        return (f"the update would make {what} non-finite at step {t}"
+                + (f" ({where})" if where else "") + f": {skipped}; lower the learning rate "
+                "(or clip gradients with clip_grad_norm)")
 
     # -- params and state ----------------------------------------------------------------
     def upload_params(self, params: Mapping[str, Any], partial: bool = False
