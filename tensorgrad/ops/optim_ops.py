@@ -27,10 +27,13 @@ Primitives (n = the param's element count):
 
 The step guard: ``finite_partials(x_1, ..., x_k)`` -> f32[G]: 1 where every element of every
 input at a flat index ≡ j (mod G) is finite, else 0 (G threads scan interleaved, coalesced);
-``step_ok(loss, partials..., [acc])`` -> f32[]: 1 when the loss and all partials are 1. Every
-update op takes an optional 0-d ``ok`` input and writes its old value (param, moment,
-velocity) unchanged when ``ok`` is 0, so a step with a non-finite loss or gradient leaves
-params and optimizer state exactly as they were.
+``step_ok(loss, partials..., [acc])`` -> f32[]: 1 when the loss and all partials are 1. The
+optimizer feeds it ``update_partials`` flags (:mod:`.update_check`: a trial of each update,
+with the expressions below, that also checks the gradient) rather than ``finite_partials``
+of the gradients. Every update op takes an optional 0-d ``ok`` input and writes its old value
+(param, moment, velocity) unchanged when ``ok`` is 0, so a step with a non-finite loss or
+gradient, or whose update would make a param or state value non-finite, leaves params and
+optimizer state exactly as they were.
 """
 
 from __future__ import annotations
