@@ -208,8 +208,9 @@ def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str,
         raise ShapeError(what, f"expected {dtype} data (format '{fmt}'), got a buffer of "
                          f"format '{view.format}'")
     if view.nbytes != 4 * count:
+        items = f" ({view.nbytes // 4} elements)" if view.nbytes % 4 == 0 else ""
         raise ShapeError(what, f"expected {count} elements = {4 * count} bytes (shape "
-                         f"{list(shape)}), got {view.nbytes} bytes")
+                         f"{list(shape)}), got {view.nbytes} bytes{items}")
     check_layout(what, carried, shape, param)
     if not view.c_contiguous:
         view = memoryview(view.tobytes())

@@ -19,7 +19,6 @@ import inspect
 import itertools
 import linecache
 import sys
-import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 from .. import api, optim
 from .. import lr as lr_mod
 from ..api import Forward, Training
-from ..errors import AbortError, ProtocolError
+from ..errors import AbortError, ProtocolError, user_traceback
 from ..gpu import in_pyodide
 from .convert import flat_buffer, from_js, plain, to_js_value
 from .protocol import MESSAGES, check_payload
@@ -111,9 +110,11 @@ SESSION = Session()
 
 # -- the loop ---------------------------------------------------------------------------------
 def error_info(exc: BaseException) -> dict[str, str]:
-    """``{name, message, traceback}`` of an exception, the full formatted traceback included."""
+    """``{name, message, traceback}`` of an exception; the traceback is cut to the user's
+    frames (:func:`tensorgrad.errors.user_traceback`: the worker loop's, tensorgrad's,
+    asyncio's and Pyodide's frames around them left out, so it ends at the user's line)."""
     return {"name": type(exc).__name__, "message": str(exc),
-            "traceback": "".join(traceback.format_exception(exc))}
+            "traceback": user_traceback(exc)}
 
 
 async def dispatch(message: Any, session: Session = SESSION) -> dict[str, Any]:
