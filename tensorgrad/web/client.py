@@ -153,9 +153,11 @@ def _typed_array(what: str, value: Any, dtype: str, shape: Any = None,
 
 def _typed_arrays(inputs: Mapping[str, Any], decls: Mapping[str, tuple[Any, str]], what: str,
                   param: bool = False) -> dict[str, Any]:
-    return {name: _typed_array(f"{what} '{name}'", value, *decls.get(name, (None, "f32")),
-                               param=param)
-            for name, value in inputs.items()}
+    out = {}
+    for name, value in inputs.items():
+        shape, dtype = decls.get(name, (None, "f32"))
+        out[name] = _typed_array(f"{what} '{name}'", value, dtype, shape, param)
+    return out
 
 
 def _host_array(data: Any, shape: list[int] | None) -> Any:
