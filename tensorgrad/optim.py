@@ -464,10 +464,11 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
     binding. With `loss` (its node id) the update is guarded: when the loss, a gradient or
     any new param or state value the update would write is not finite (each update is tried
     first by an ``update_partials`` node), every update op writes its old value back, and
-    the plan's `status` node (1.0 applied, 0.0 skipped) says so. With `arena` (and no `normalize_grads`, which needs
-    each param's own norm) the params and gradients are packed into arenas, decayed params
-    first, and a handful of kernels update them all; the plan's `layout` says where each
-    param lies (the param store lays its buffer out the same way)."""
+    the plan's `status` node (1.0 applied, 0.0 skipped) says so. With `arena` (and no
+    `normalize_grads`, which needs each param's own norm) the params and gradients are packed
+    into arenas, decayed params first, and a handful of kernels update them all; the plan's
+    `layout` says where each param lies (the param store lays its buffer out the same
+    way)."""
     if not isinstance(config, tuple(CONFIGS.values())):
         raise TypeError(f"append_optimizer: expected an optim.Adam, AdamW or SGD config, got "
                         f"{type(config).__name__}")
