@@ -106,12 +106,34 @@ def test_reset_restores_the_initial_params(session) -> None:
                                               "inputs": {"x": [2, 3], "y": [2, 1]},
                                               "optimizer": {"kind": "lamb", "lr": 0.1}}},
      "ValueError", "unknown optimizer kind 'lamb' (known: ['adam', 'adamw', 'sgd'])"),
+    ({"id": 3, "kind": "compile", "payload": {"model": "Tiny()", "loss": "tiny_loss",
+                                              "inputs": {"x": [2, 3], "y": [2, 1]},
+                                              "optimizer": {"kind": "sgd", "lr": 0.1},
+                                              "seed": "abc"}},
+     "TypeError", "seed must be an int (32-bit), got 'abc' (str); pass an int, or None"),
+    ({"id": 3, "kind": "compile", "payload": {"model": "Tiny()", "loss": "tiny_loss",
+                                              "inputs": {"x": [2, 3], "y": [2, 1]},
+                                              "optimizer": {"kind": "sgd", "lr": 0.1},
+                                              "seed": 1.5}},
+     "TypeError", "seed must be an int (32-bit), got 1.5 (float)"),
+    ({"id": 3, "kind": "compile", "payload": {"model": "Tiny()", "loss": "tiny_loss",
+                                              "inputs": "x", "optimizer": {"kind": "sgd",
+                                                                           "lr": 0.1}}},
+     "ShapeError", "compile: inputs must be a dict {name: shape} or {name: (shape, dtype)}"),
 ])
 def test_bad_messages_are_answered_with_the_reason(session, message, name, text) -> None:
     reply = asyncio.run(worker.dispatch(message, session))
     assert reply["id"] == 3 and not reply["ok"]
     assert reply["error"]["name"] == name
     assert reply["error"]["message"].startswith(text), reply["error"]["message"]
+
+
+def test_a_whole_number_seed_from_js_is_an_int(session) -> None:
+    reply = call(session, "compile", {"model": "Tiny()", "loss": "tiny_loss",
+                                      "inputs": {"x": [2, 3], "y": [2, 1]},
+                                      "optimizer": {"kind": "sgd", "lr": 0.1}, "seed": 4.0})
+    assert reply["ok"], reply
+    assert session.graph(reply["result"]["graphId"]).obj.seed == 4
 
 
 def test_a_message_that_is_not_an_object(session) -> None:
