@@ -487,6 +487,9 @@ class _WebHandler(http.server.SimpleHTTPRequestHandler):
             self.send_response(204)
             self.end_headers()
             return None
+        if "\0" in urllib.parse.unquote(self.path):  # no file name holds one: say so, calmly
+            self.send_error(400, "Bad request: a NUL byte in the path")
+            return None
         if not self._inside_root():
             self.send_error(404, "File not found")
             return None

@@ -21,14 +21,14 @@ from .errors import AbortError, ShapeError
 from .flight import CallQueue
 from .gpu import GPUDevice, request_device
 from .hostdata import to_bytes
-from .init import random_seed
 from .ir import Graph
 from .lr import rebase
 from .module import Module
 from .results import Aborted, Captures, Completed, Failed, Result
 from .runtime import Executable, ParamStore
+from .skipped import non_finite_grad, non_finite_param, non_finite_update
 from .tensor import PRNG_SEED_INPUT
-from .trace import normalize_inputs, resolve_shapes
+from .trace import check_seed, normalize_inputs, resolve_shapes
 
 DEFAULT_CHUNK_SIZE = 32
 _default_device: GPUDevice | None = None
@@ -144,19 +144,19 @@ class Training(_Runner):
         super().__init__()
         self.device = device
         self._loss_fn = loss
+        self._decls = normalize_inputs(inputs, wildcards=False, op="compile")
         self._input_decls = dict(inputs)
         self._chunk_size = chunk_size
         self._fuse = fuse
         self._children: list[Forward] = []
         self._exe: Executable | None = None
         self._store: ParamStore | None = None
-        self._decls = normalize_inputs(inputs, wildcards=False, op="compile")
         # Everything that touches this training's GPU state runs in call order, one at a
         # time (attached forwards too): an upload never lands inside a step.
         self._queue = CallQueue()
 
     def _build(self, model: Module, optimizer: Any, seed: int | None) -> None:
-        seed = random_seed() if seed is None else int(seed)
+        seed = check_seed(seed)
         c = compile_graph(Request("training", model, self._loss_fn, self._input_decls,
                                   optimizer=optimizer, seed=seed),
                           Options.for_device(self.device, fuse=self._fuse,
@@ -238,6 +238,12 @@ class Training(_Runner):
         """One forward + backward + optimizer update (await it). Returns Completed(loss,
         captures), Aborted() or Failed(error); a NaN or Inf loss is Failed.
 
+        Each input is a numpy array, a buffer (array.array, memoryview, bytes) or a (nested)
+        list of its declared dtype and size. Data that carries a shape of 2 or more dims must
+        have the declared shape exactly (a transposed ``x.T`` of the right size is a
+        ShapeError, never silently misread); flat data (1-D arrays and buffers, flat lists) of
+        the right size is read in row-major order; a single value fits a one-element shape.
+
         The inputs are checked and copied when step is called, and calls on this training
         (steps, uploads, resets, forward runs) run one at a time in call order. A step called
         before replace_model/destroy returns Aborted if it had not finished.
@@ -274,22 +280,45 @@ class Training(_Runner):
         out, caps, applied = await exe.run(checked)
         loss = _scalar(out)
         if not math.isfinite(loss) or not applied:
-            what = (f"loss is {loss}" if not math.isfinite(loss) else
-                    f"the loss is finite ({loss:.6g}) but a gradient is not")
-            culprit = (_non_finite_input(data, {n: d.dtype for n, d in self._decls.items()})
-                       or exe.sentinel_only_input(data))
-            return Failed(FloatingPointError(
-                f"{what} at step {t}: the update was skipped, params and optimizer state are "
-                "unchanged" + (f"; {culprit}" if culprit else
-                               " (training diverged: lower the learning rate, clip gradients)")))
+            return Failed(FloatingPointError(await self._skipped(exe, data, loss, t)))
         self._t = t
         return Completed(loss=loss, captures=Captures(caps))
+
+    async def _skipped(self, exe: Executable, data: Mapping[str, bytes], loss: float, t: int
+                       ) -> str:
+        """Why step `t` was skipped (looked up after the fact: a good step pays nothing)."""
+        skipped = "the update was skipped, params and optimizer state are unchanged"
+        culprit = (_non_finite_input(data, {n: d.dtype for n, d in self._decls.items()})
+                   or exe.sentinel_only_input(data))
+        if culprit:
+            what = f"loss is {loss}" if not math.isfinite(loss) else \
+                f"the loss is finite ({loss:.6g}) but a gradient is not"
+            return f"{what} at step {t}: {skipped}; {culprit}"
+        if not math.isfinite(loss):
+            param = await non_finite_param(self._live_store())
+            return f"loss is {loss} at step {t}: {skipped}" + (
+                f"; {param} (params must be finite: check what was uploaded)" if param else
+                " (training diverged: lower the learning rate, clip gradients)")
+        grad = await non_finite_grad(exe, self._grads)
+        if grad:
+            return (f"the loss is finite ({loss:.6g}) but a gradient is not at step {t}: "
+                    f"{skipped}; {grad} (training diverged: lower the learning rate, clip "
+                    "gradients)")
+        what, where = await non_finite_update(exe, self._grads)
+        return (f"the update would make {what} non-finite at step {t}"
+                + (f" ({where})" if where else "") + f": {skipped}; lower the learning rate "
+                "(or clip gradients with clip_grad_norm)")
 
     # -- params and state ----------------------------------------------------------------
     def upload_params(self, params: Mapping[str, Any], partial: bool = False
                       ) -> Coroutine[Any, Any, None]:
         """Write params {name: array}; every name unless `partial`. Checked and copied when
-        called (a bad name or size raises then); written in call order with the steps."""
+        called (a bad name, size or shape raises then); written in call order with the steps.
+
+        The shape rule of :meth:`step` applies: an array of 2 or more dims must have the
+        param's shape (``param_shapes``) exactly, flat data of the right size is row-major. A
+        PyTorch ``nn.Linear.weight`` is ``[out, in]``, tensorgrad's ``Linear.W`` ``[in, out]``:
+        pass its transpose."""
         store = self._live_store()
         data = store.check(params, partial)
         return self._queue.submit(lambda: self._write_params(store, data))
@@ -352,6 +381,8 @@ class Training(_Runner):
         before it return Aborted if they had not finished; attached forwards retrace against
         the new model. The rebuild runs once the calls before it are done."""
         self._live_exe()
+        if seed is not None:
+            check_seed(seed)  # a bad seed raises now, not inside the queue
         self._generation += 1
         for child in self._children:
             child._invalidate()
@@ -415,6 +446,7 @@ class Forward(_Runner):
         super().__init__()
         if output not in ("f32", "i32"):
             raise ShapeError("forward", f"output must be 'f32' or 'i32', got {output!r}")
+        dtypes = {n: d.dtype for n, d in normalize_inputs(inputs).items()}  # a clear error first
         self.device = device
         self._forward = forward
         self._input_decls = dict(inputs)
@@ -427,7 +459,7 @@ class Forward(_Runner):
         self._own_model = model
         self._cache: OrderedDict[str, tuple[Executable, Any]] = OrderedDict()
         self._prng_counter = 0
-        self._dtypes = {n: d.dtype for n, d in normalize_inputs(self._input_decls).items()}
+        self._dtypes = dtypes
         self._own_queue = CallQueue()
 
     @property
@@ -513,7 +545,8 @@ class Forward(_Runner):
 
     def run(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
         """Run the forward (await it): Completed(output, captures), Aborted() or
-        Failed(error). The inputs are checked and copied when run is called; runs of an
+        Failed(error). The inputs are checked and copied when run is called (the shape rule of
+        :meth:`Training.step`; a None dim is resolved from the data's size); runs of an
         attached forward take their turn with the training's steps, in call order.
 
         Cancelled while it waits for its turn, a run never runs; once started it runs to its
@@ -548,7 +581,8 @@ class Forward(_Runner):
     def upload_params(self, params: Mapping[str, Any], partial: bool = False
                       ) -> Coroutine[Any, Any, None]:
         """Write params {name: array} (the owner's, for an attached forward); checked and
-        copied when called, written in call order."""
+        copied when called (the shape rule of :meth:`Training.upload_params`), written in
+        call order."""
         store = self._store
         data = store.check(params, partial)
 
@@ -583,12 +617,17 @@ async def compile(*, model: Module, loss: Callable[..., Any], inputs: Mapping[st
 
     `inputs`: {name: shape} (f32) or {name: (shape, "i32")}, every dim given: the step is
     compiled for those shapes (a None dim raises, naming the forward calls that take one:
-    ``train.attach(forward=..., inputs={"x": (None, 1)})``). `chunk_size`: most compute
+    ``train.attach(forward=..., inputs={"x": (None, 1)})``). Host data given to `step` must
+    fit it: data carrying 2 or more dims (numpy arrays, nested lists, memoryviews) must have
+    the declared shape exactly, flat data of the right size is read row-major. `seed`: an int
+    (None: random). `chunk_size`: most compute
     passes per GPU submission (0: one submission per step). `fuse`: inline chains of
     elementwise ops into single kernels (fewer dispatches, less memory traffic). Mistakes in the model raise
     here (ShapeError / TraceError); `step` itself never raises."""
     if not isinstance(chunk_size, int) or chunk_size < 0:
         raise ValueError(f"chunk_size must be an int >= 0, got {chunk_size!r}")
+    normalize_inputs(inputs, wildcards=False, op="compile")  # clear errors before the device
+    check_seed(seed)
     device = device or await default_device()
     train = Training(device, loss, inputs, chunk_size, fuse)
     train._build(model, optimizer, seed)
@@ -604,8 +643,9 @@ async def compile_forward(*, model: Module, forward: Callable[..., Any],
     trained ones with `upload_params`). `inputs` may leave one dim per input as None
     (``{"x": (None, 1)}``): resolved from each run's data, each size compiled on first use
     and the last `max_cached_shapes` kept, as for :meth:`Training.attach`."""
+    seed = check_seed(seed)
+    normalize_inputs(inputs, op="compile_forward")  # a clear error before any allocation
     device = device or await default_device()
-    seed = random_seed() if seed is None else int(seed)
     store = ParamStore(device, model.named_params(), seed)
     return Forward(device, forward, inputs, output, max_cached_shapes, chunk_size,
                    store=store, model=model, fuse=fuse)

@@ -25,24 +25,69 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["ERRORS", "AbortError", "DeviceLimitError", "DeviceLostError", "PlanError",
-           "ProtocolError", "RemoteError", "SafetensorsError", "ShaderCompileError", "ShapeError", "TraceError", "error_class",
-           "remote_error", "user_call_site"]
+           "ProtocolError", "RemoteError", "SafetensorsError", "ShaderCompileError", "ShapeError",
+           "TraceError", "error_class", "remote_error", "user_call_site", "user_traceback"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @functools.cache
-def _stdlib_dir() -> str:
-    """The stdlib folder (asked on first use: sysconfig is slow to load in Pyodide)."""
-    return os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+def _stdlib_dirs() -> tuple[str, ...]:
+    """The standard library's folders (asked on first use: sysconfig is slow to load in
+    Pyodide): sysconfig's, and the one `os` was loaded from, which in Pyodide is a zip
+    (``/lib/python314.zip/``) that sysconfig does not name."""
+    dirs = {os.path.abspath(sysconfig.get_paths()["stdlib"]),
+            os.path.dirname(os.path.abspath(os.__file__))}
+    return tuple(d + os.sep for d in sorted(dirs))
+
+
+@functools.cache
+def _runtime_dirs() -> tuple[str, ...]:
+    """Folders of the runtime's own Python (Pyodide's event loop and FFI), wherever it is
+    installed, and of this package."""
+    dirs = [_PACKAGE_DIR]
+    for name in ("pyodide", "_pyodide", "micropip"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(os.path.dirname(os.path.abspath(module.__file__)))
+    return tuple(d + os.sep for d in dirs)
 
 
 def _is_internal(filename: str) -> bool:
-    # Frames from the standard library (asyncio's event loop, ...) are never the user's line;
-    # installed packages (site-packages, under the stdlib folder) can be.
-    if filename.startswith(("<frozen", _PACKAGE_DIR + os.sep)):
+    """A frame that is never the user's line: tensorgrad's own, the standard library's
+    (asyncio's event loop, ...), Pyodide's (its webloop); installed packages under the
+    stdlib folder (site-packages) can be the user's."""
+    if filename.startswith(("<frozen", *_runtime_dirs())):
         return True
-    return filename.startswith(_stdlib_dir()) and "-packages" + os.sep not in filename
+    return filename.startswith(_stdlib_dirs()) and "-packages" + os.sep not in filename
+
+
+def user_traceback(exc: BaseException) -> str:
+    """`exc` formatted as ``traceback.format_exception`` does, each traceback (chained ones
+    too) cut to the user's frames: the internal ones (tensorgrad's, the event loop's,
+    Pyodide's; see :func:`_is_internal`) are left out, so the last frame shown is the user's
+    line. A traceback with no user frame keeps its tensorgrad frames (a bug to report) and
+    loses only the event loop's and Pyodide's."""
+    import traceback
+
+    top = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    todo = [top]
+    while todo:
+        te = todo.pop()
+        if id(te) in seen:
+            continue
+        seen.add(id(te))
+        te.stack = traceback.StackSummary.from_list(_user_frames(list(te.stack)))
+        todo += [t for t in (te.__cause__, te.__context__) if t is not None]
+        todo += list(getattr(te, "exceptions", None) or ())
+    return "".join(top.format())
+
+
+def _user_frames(frames: list[Any]) -> list[Any]:
+    user = [f for f in frames if not _is_internal(os.path.abspath(f.filename))
+            and not f.filename.startswith("<frozen")]
+    return user or [f for f in frames if f.filename.startswith(_PACKAGE_DIR + os.sep)]
 
 
 def user_call_site(limit: int = 3) -> str:

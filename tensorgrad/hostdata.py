@@ -1,7 +1,15 @@
 """Host-side tensor data without requiring numpy.
 
-Inputs may be numpy arrays or any buffer (`array.array`, `memoryview`, `bytes`) of the right
-size and dtype; outputs are numpy arrays when numpy imports, else memoryviews cast to shape.
+Inputs may be numpy arrays, any buffer (`array.array`, `memoryview`, `bytes`) or (nested)
+lists of the right size and dtype; outputs are numpy arrays when numpy imports, else
+memoryviews cast to shape.
+
+The shape rule (:func:`check_layout`, applied by :func:`to_bytes`, which every entry point's
+host data goes through): data that carries a shape of 2 or more dims (a numpy array, a
+multi-dimensional memoryview, a nested list, any object with a ``.shape``) must have the
+declared shape exactly; flat data (1-D arrays and buffers, flat lists, bytes) of the right
+size is read in row-major order; a single value fits a one-element shape. So a transposed
+array of the right size is an error, never silently misread.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from typing import Any
 from .errors import ShapeError
 
 _FORMATS = {"f32": ("f", "float32"), "i32": ("i", "int32"), "bool": ("I", "uint32")}
+_RANGES = {"f32": "-3.4e38..3.4e38", "i32": "-2147483648..2147483647", "bool": "0..4294967295"}
 _NUMPY: Any = None
 
 
@@ -28,10 +37,143 @@ def numpy_or_none() -> Any:
     return _NUMPY or None
 
 
-def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str) -> memoryview:
+def _is_int(d: Any) -> bool:
+    return isinstance(d, int) and not isinstance(d, bool)
+
+
+def _nested(what: str, value: list | tuple) -> tuple[tuple[int, ...], list[Any]]:
+    """The shape and the flat items of a (possibly nested) list: at each depth every item
+    must be a list of one length, or every item a number (ShapeError otherwise)."""
+    shape: list[int] = []
+    level: list[Any] = [value]
+    while level and isinstance(level[0], (list, tuple)):
+        width = len(level[0])
+        for k, row in enumerate(level):
+            if not isinstance(row, (list, tuple)) or len(row) != width:
+                got = (f"has {len(row)} items" if isinstance(row, (list, tuple)) else
+                       f"is the number {row!r}")
+                raise ShapeError(what, f"a ragged nested list: at depth {len(shape)}, item {k} "
+                                 f"{got} where item 0 has {width} items; nested lists must "
+                                 "be rectangular")
+        shape.append(width)
+        level = [v for row in level for v in row]
+    k = next((k for k, v in enumerate(level) if isinstance(v, (list, tuple))), None)
+    if k is not None:
+        raise ShapeError(what, f"a ragged nested list: at depth {len(shape)}, item {k} is a "
+                         "list where item 0 is a number; nested lists must be rectangular")
+    return tuple(shape), level
+
+
+def carried_shape(value: Any) -> tuple[int, ...] | None:
+    """The shape host data carries: a numpy array's or any object's `.shape` (a tuple of
+    ints), a memoryview's, a nested list's; None for data without one (bytes, array.array,
+    a raw byte view)."""
+    if isinstance(value, (list, tuple)):
+        try:
+            return _nested("data", value)[0]
+        except ShapeError:
+            return None
+    if isinstance(value, memoryview) and value.format in ("B", "b", "c"):
+        return None  # raw bytes: no element shape
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple) and all(_is_int(d) for d in shape):
+        return shape
+    return None
+
+
+def check_layout(what: str, carried: Sequence[int] | None, shape: Sequence[int | None],
+                 param: bool = False) -> None:
+    """The host-data shape rule, for data of the right element count: data carrying 2 or more
+    dims must have the declared `shape` exactly (a None dim of `shape` matches any size);
+    flat data (no shape or 1-D) and a single value for a one-element shape pass. ShapeError
+    naming `what`, both shapes and, for a transpose, how to pass it (`param`: a weight, with
+    PyTorch's layout in the hint)."""
+    if carried is None or len(carried) <= 1:
+        return
+    carried = tuple(carried)
+    if prod(carried) == 1 and None not in shape and prod(shape) == 1:
+        return
+    if len(carried) == len(shape) and all(d is None or d == c for d, c in zip(shape, carried)):
+        return
+    want = list(shape)
+    if len(shape) == 2 and None not in shape and carried == (shape[1], shape[0]):
+        hint = ("pass w.T (a PyTorch Linear weight is [out, in]; tensorgrad's Linear weight "
+                "is [in, out])" if param else "pass x.T if it is laid out the other way")
+        raise ShapeError(what, f"got {list(carried)}, the transpose of {want}: {hint}")
+    raise ShapeError(what, f"got data of shape {list(carried)} for shape {want}: the element "
+                     "counts agree but the layouts differ, so the values would be misread; "
+                     f"pass data of shape {want} (or flat data in that row-major order)")
+
+
+def flat_list(what: str, value: list | tuple, shape: Sequence[int | None],
+              param: bool = False) -> list[Any]:
+    """The items of a (nested) list, its shape checked by :func:`check_layout` when its
+    element count fits `shape` (a wrong count is the caller's size error)."""
+    carried, items = _nested(what, value)
+    if None in shape or len(items) == prod(shape):  # type: ignore[arg-type]
+        check_layout(what, carried, shape, param)
+    return items
+
+
+def check_host_shape(what: str, value: Any, shape: Sequence[int | None],
+                     param: bool = False) -> None:
+    """:func:`check_layout` for any host data whose element count fits `shape` (a None dim
+    matches any size): for callers that send the data on flat, such as the page client."""
+    carried = _nested(what, value)[0] if isinstance(value, (list, tuple)) else \
+        carried_shape(value)
+    if carried is None or len(carried) <= 1:
+        return
+    if None in shape or prod(carried) == prod(shape):  # type: ignore[arg-type]
+        check_layout(what, carried, shape, param)
+
+
+def element_count(value: Any) -> int:
+    """How many elements host data holds (a nested list's items, a buffer's items)."""
+    if isinstance(value, (int, float)):
+        return 1
+    size = getattr(value, "size", None)
+    if _is_int(size):  # numpy arrays
+        return size
+    if isinstance(value, (list, tuple)):
+        try:
+            return len(_nested("data", value)[1])
+        except ShapeError:
+            return len(value)
+    if isinstance(value, memoryview):
+        return value.nbytes // max(1, value.itemsize)
+    return len(value)
+
+
+def list_array(what: str, items: list[Any], fmt: str, dtype: str, count: int) -> Any:
+    """An array.array of the list's numbers; ShapeError naming the first item that is not a
+    number of `dtype`, or that does not fit it."""
+    import array
+    try:
+        return array.array(fmt, items)
+    except (TypeError, OverflowError) as e:
+        for k, v in enumerate(items):
+            try:
+                array.array(fmt, [v])
+            except OverflowError:
+                raise ShapeError(what, f"holds {v!r} at flat index {k}, outside the {dtype} "
+                                 f"range {_RANGES[dtype]}") from None
+            except TypeError:
+                wanted = "an int" if dtype != "f32" else "a number"
+                raise ShapeError(what, f"expected {count} {dtype} numbers, got "
+                                 f"{type(v).__name__} {v!r} at flat index {k} ({wanted} is "
+                                 "needed)") from None
+        raise ShapeError(what, f"expected {count} {dtype} numbers, got {e}") from None
+
+
+def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str,
+             param: bool = False) -> memoryview:
     """Validate host data for a tensor of `shape`/`dtype` and view it as raw bytes.
 
-    Raises ShapeError naming `what` (e.g. "input 'x'") with the expected and actual size."""
+    Every entry point's host data comes through here. Raises ShapeError naming `what` (e.g.
+    "input 'x'") with the expected and actual size, and applies the shape rule of
+    :func:`check_layout`: data carrying 2 or more dims must have `shape` exactly, flat data of
+    the right size passes. `param`: `value` is a weight (the transpose hint names PyTorch's
+    Linear layout)."""
     fmt, np_name = _FORMATS[dtype]
     count = prod(shape)
     np = numpy_or_none()
@@ -51,13 +193,11 @@ def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str) -> memoryv
         if value.size != count:
             raise ShapeError(what, f"expected {count} elements (shape {list(shape)}), got "
                              f"{value.size} (shape {list(value.shape)})")
+        check_layout(what, value.shape, shape, param)
         return memoryview(np.ascontiguousarray(value)).cast("B")
     if isinstance(value, (list, tuple)):
-        import array
-        try:
-            value = array.array(fmt, value)
-        except TypeError as e:
-            raise ShapeError(what, f"expected {count} {dtype} numbers, got {e}") from None
+        value = list_array(what, flat_list(what, value, shape, param), fmt, dtype, count)
+    carried = carried_shape(value)
     try:
         view = memoryview(value)
     except TypeError:
@@ -68,8 +208,12 @@ def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str) -> memoryv
         raise ShapeError(what, f"expected {dtype} data (format '{fmt}'), got a buffer of "
                          f"format '{view.format}'")
     if view.nbytes != 4 * count:
+        items = f" ({view.nbytes // 4} elements)" if view.nbytes % 4 == 0 else ""
         raise ShapeError(what, f"expected {count} elements = {4 * count} bytes (shape "
-                         f"{list(shape)}), got {view.nbytes} bytes")
+                         f"{list(shape)}), got {view.nbytes} bytes{items}")
+    check_layout(what, carried, shape, param)
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 

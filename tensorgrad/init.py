@@ -48,6 +48,8 @@ __all__ = [
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x6D2B79F5
 U1_MIN = 1e-10
+MAX_NORMAL = math.sqrt(-2.0 * math.log(U1_MIN))  # the largest |z| Box–Muller makes here
+F32_MAX = 3.4028234663852886e38
 
 
 # ---- specs -----------------------------------------------------------------------------
@@ -169,8 +171,10 @@ def default_fan_in(shape: Sequence[int]) -> int:
     return int(prod(shape[1:]))
 
 
-def check_spec(spec: Any, shape: Sequence[int], dtype: str, name: str = "param") -> None:
-    """Raise ShapeError if `spec` cannot initialize a param of `shape`/`dtype`."""
+def check_spec(spec: Any, shape: Sequence[int], dtype: str, name: str = "param",
+               fan_in: int | None = None) -> None:
+    """Raise ShapeError if `spec` cannot initialize a param of `shape`/`dtype`, or would make
+    a value that is not a finite f32 (or, for i32, not an i32); `name` names the param."""
     if not isinstance(spec, (Randn, Kaiming, Zeros, Ones, Literal)):
         raise ShapeError(name, f"init must be an init spec (tg.init.randn(), kaiming(), "
                          f"zeros(), ones(), literal(values)), got {spec!r}")
@@ -181,6 +185,42 @@ def check_spec(spec: Any, shape: Sequence[int], dtype: str, name: str = "param")
     if dtype != "f32" and isinstance(spec, (Randn, Kaiming)):
         raise ShapeError(name, f"init.{spec.kind} makes floats but the param dtype is "
                          f"{dtype}; use init.zeros(), ones() or literal(values)")
+    problem = _nonfinite_problem(spec, dtype, fan_in)
+    if problem:
+        raise ShapeError(name, problem + ("; params must start finite (a non-finite param "
+                                          "makes every loss NaN, whatever the learning rate)"
+                                          if dtype == "f32" else ""))
+
+
+def _nonfinite_problem(spec: InitSpec, dtype: str, fan_in: int | None) -> str:
+    """Why `spec` would make a value that is not a finite f32 (or an i32), or ""."""
+    if isinstance(spec, Literal):
+        for k, v in enumerate(spec.values):
+            if dtype == "f32" and not (math.isfinite(v) and abs(v) <= F32_MAX):
+                return (f"init.literal holds {v!r} at flat index {k}, which is not a finite "
+                        f"f32 (|v| <= {F32_MAX:.7g})")
+            if dtype != "f32" and not (math.isfinite(v) and v == int(v) and
+                                       -2**31 <= v < 2**31):
+                return (f"init.literal holds {v!r} at flat index {k}, which is not an {dtype} "
+                        "(a whole number in -2147483648..2147483647)")
+        return ""
+    if isinstance(spec, Randn):
+        what, std = f"init.randn(scale={spec.scale!r})", spec.scale
+    elif isinstance(spec, Kaiming):
+        what = f"init.kaiming(gain={spec.gain!r})"
+        if not math.isfinite(spec.gain):
+            return f"{what} makes non-finite values (the gain must be finite)"
+        if fan_in is None or fan_in <= 0:
+            return ""
+        what, std = f"{what} with fan_in {fan_in}", spec.gain / math.sqrt(fan_in)
+    else:
+        return ""
+    if not math.isfinite(std):
+        return f"{what} makes non-finite values (the scale must be finite)"
+    if abs(std) * MAX_NORMAL > F32_MAX:
+        return (f"{what} makes values up to {abs(std) * MAX_NORMAL:.3g}, beyond f32's range "
+                f"({F32_MAX:.3g}): they would be inf")
+    return ""
 
 
 # ---- the generator ---------------------------------------------------------------------
@@ -274,7 +314,8 @@ def random_seed() -> int:
 def generate(spec: InitSpec, shape: Sequence[int], rng: Mulberry32, *, fan_in: int | None = None,
              dtype: str = "f32", name: str = "param") -> array:
     """Initial values of one param (flat, row-major), drawing from `rng` as the spec needs."""
-    check_spec(spec, shape, dtype, name)
+    fan = default_fan_in(shape) if fan_in is None else fan_in
+    check_spec(spec, shape, dtype, f"param '{name}'" if name != "param" else name, fan)
     n = prod(shape)
     code = "f" if dtype == "f32" else "i"
     if isinstance(spec, Zeros):
@@ -287,7 +328,6 @@ def generate(spec: InitSpec, shape: Sequence[int], rng: Mulberry32, *, fan_in: i
         return array("f", spec.values)
     if isinstance(spec, Randn):
         return rng.normals(n, spec.scale)
-    fan = default_fan_in(shape) if fan_in is None else fan_in
     if fan <= 0:
         raise ShapeError(name, f"kaiming init needs a positive fan_in, got {fan}")
     return rng.normals(n, spec.gain / math.sqrt(fan))

@@ -7,8 +7,9 @@ keep child modules as attributes, or inside lists, tuples and dicts. Names are d
 Order. Params are visited depth first, in attribute definition order (the order attributes
 were first assigned, i.e. ``vars(module)``), lists and tuples by index, dicts in insertion
 order. That order is ``param_names()``, the order the init generator is consumed and the order
-of upload/download records. A param or module reachable twice (weight tying) is visited once,
-under its first name.
+of upload/download records. A param or module reachable twice (weight tying, a child's
+reference back to its parent) is visited once, under its first name; a list, tuple or dict of
+modules that contains itself is a ValueError naming its attribute path.
 
 Tracing never touches the user's object: :func:`materialize` clones the module tree and puts
 a ``param`` leaf tensor where each placeholder was, on the clone only.
@@ -88,13 +89,13 @@ class Module:
         if dtype not in PARAM_DTYPES:
             raise ShapeError(op, f"dtype must be one of {PARAM_DTYPES}, got {dtype!r}")
         spec = _init.DEFAULT if init is None else init
-        _init.check_spec(spec, shape, dtype, op)
         if decay is not None and not isinstance(decay, bool):
             raise ShapeError(op, f"decay must be True, False or None, got {decay!r}")
         if fan_in is None:
             fan_in = _init.default_fan_in(shape)
         elif isinstance(fan_in, bool) or not isinstance(fan_in, int) or fan_in <= 0:
             raise ShapeError(op, f"fan_in must be a positive int, got {fan_in!r}")
+        _init.check_spec(spec, shape, dtype, op, fan_in)
         return Param(shape, dtype, spec, _init.default_decay(spec) if decay is None else decay,
                      fan_in)
 
@@ -146,14 +147,32 @@ def _children(obj: Any) -> Iterator[tuple[str, Any]]:
             yield str(k), v
 
 
-def _holds_params(obj: Any) -> bool:
-    return isinstance(obj, (Param, Module)) or (
-        isinstance(obj, (list, tuple, dict)) and any(_holds_params(v) for _, v in _children(obj)))
+def _holds_params(obj: Any, path: frozenset[int] = frozenset()) -> bool:
+    if isinstance(obj, (Param, Module)):
+        return True
+    if not isinstance(obj, (list, tuple, dict)) or id(obj) in path:
+        return False  # a container cycle (reported by _params) holds nothing new
+    inner = path | {id(obj)}
+    return any(_holds_params(v, inner) for _, v in _children(obj))
+
+
+def _cycle_error(root: Module, prefix: str, key: str, value: Any, where: dict[int, str]
+                 ) -> ValueError:
+    kind = type(value).__name__
+    first = where[id(value)] or "the model"
+    return ValueError(
+        f"{type(root).__name__}: '{prefix}.{key}' is the {kind} '{first}' again, which "
+        f"contains itself: a reference cycle through lists, tuples and dicts has no finite "
+        f"param names (a module may refer back to a module; a container may not contain "
+        f"itself); keep layers in a plain list or dict")
 
 
 def _params(root: Module) -> list[tuple[str, Param]]:
+    """(dotted name, Param) in traversal order; ValueError naming the attribute path of a
+    list/tuple/dict that contains itself."""
     out: list[tuple[str, Param]] = []
     seen: set[int] = set()
+    open_containers: dict[int, str] = {}  # containers on the current path: id -> name
 
     def walk(obj: Any, prefix: str) -> None:
         if id(obj) in seen:
@@ -164,9 +183,17 @@ def _params(root: Module) -> list[tuple[str, Param]]:
             return
         if isinstance(obj, Module):
             seen.add(id(obj))
+        else:
+            open_containers[id(obj)] = prefix
         for key, value in _children(obj):
+            if isinstance(value, (list, tuple, dict)):
+                if not _holds_params(value):
+                    continue  # plain data (even a self-referencing one) is not walked
+                if id(value) in open_containers:
+                    raise _cycle_error(root, prefix, key, value, open_containers)
             if isinstance(value, (Param, Module, list, tuple, dict)):
                 walk(value, f"{prefix}.{key}" if prefix else key)
+        open_containers.pop(id(obj), None)
 
     walk(root, "")
     return out

@@ -42,6 +42,7 @@ from . import lr as lr_mod
 from .gpu.interface import DeviceLimits
 from .ir import Graph, Node
 from .ops import optim_ops as oo
+from .ops import update_check as uc
 from .ops.arena import arena_layout, pack
 from .ops.shape import narrow
 from .tensor import Tensor, leaf, tracing
@@ -315,15 +316,19 @@ def _moments_packed(p: Node, limits: DeviceLimits) -> bool:
 
 @dataclass
 class _Appender:
-    """What the update loops share while appending: tensors, scale inputs, the results."""
+    """What the update loops share while appending: tensors, scale inputs, the step guard
+    (with `loss`: each update is tried first, see ops/update_check.py), the results."""
 
     grads: dict[str, Tensor]
     params: dict[str, Tensor]
     gnorm: dict[str, Tensor]
     gtotal: Tensor | None
     clip: float | None
-    ok: Tensor | None = None
+    loss: Tensor | None = None
+    max_inputs: int = 7  # inputs of one kernel (storage buffers per stage, minus the output)
     arena: tuple[int, dict[str, int]] | None = None  # (pack node, {group: byte offset})
+    spans: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
+    ok: Tensor | None = None
     states: list[str] = field(default_factory=list)
     writebacks: list[Writeback] = field(default_factory=list)
 
@@ -343,16 +348,38 @@ class _Appender:
             return
         self.writebacks.append(Writeback(source.id, dest, kind))
 
+    def guard(self, rule: str, trials: list[tuple[str, list[tuple[str, Tensor]],
+                                                  list[tuple[str, Tensor | None]]]],
+              attrs: dict[str, Any] | Callable[[str], dict[str, Any]]) -> None:
+        """With a loss: `ok` from the loss and a trial of every update, (name, states,
+        scalars) each; the update ops then write their old values unless it is 1."""
+        if self.loss is None:
+            return
+        flags = [uc.update_partials(
+            rule, self.params[n], self.grads[n], states,
+            [*scalars, ("gnorm", self.gnorm.get(n)), ("gtotal", self.gtotal)],
+            {**(attrs(n) if callable(attrs) else attrs), "clip": self.clip},
+            self.spans.get(n, ((n, 0, self.params[n].node.size),)), self.max_inputs)
+            for n, states, scalars in trials]
+        self.ok = oo.guard(self.loss, flags)
+
 
 def _append_sgd(a: _Appender, config: SGD, decayed: list[str]) -> tuple[str, ...]:
     lr_in = leaf("input", SGD_LR, (), "f32")
     mu = config.momentum
+
+    def wd_of(n: str) -> float:
+        return config.weight_decay if n in decayed else 0.0
+
+    velocity = {n: a.state(f"sgd_v_{n}", a.params[n].shape) if mu > 0 else None
+                for n in a.grads}
+    a.guard("sgd", [(n, [("v", velocity[n])] if mu > 0 else [], [("lr", lr_in)])
+                    for n in a.grads],
+            lambda n: {"momentum": mu, "nesterov": config.nesterov, "weight_decay": wd_of(n)})
     for n, g in a.grads.items():
-        p = a.params[n]
-        wd = config.weight_decay if n in decayed else 0.0
+        p, v, wd = a.params[n], velocity[n], wd_of(n)
         v_new = None
-        if mu > 0:
-            v = a.state(f"sgd_v_{n}", p.shape)
+        if v is not None:
             v_new = oo.sgd_velocity(v, g, mu, wd, p if wd else None, **a.scale(n))
             a.write(v_new, f"sgd_v_{n}", "state")
         needs_g = mu == 0 or config.nesterov
@@ -366,13 +393,21 @@ def _append_adam(a: _Appender, config: Adam | AdamW, decayed: list[str],
                  limits: DeviceLimits) -> tuple[str, ...]:
     lrt = leaf("input", ADAM_LRT, (), "f32")
     shrink = leaf("input", ADAM_SHRINK, (), "f32") if decayed else None
+    states = {}
+    for n in a.grads:
+        p = a.params[n]
+        parts = ("mv",) if _moments_packed(p.node, limits) else ("m", "v")
+        states[n] = [(part, a.state(f"adam_{part}_{n}",
+                                    (2, *p.shape) if part == "mv" else p.shape))
+                     for part in parts]
+    a.guard("adam", [(n, states[n], [("lr", lrt), ("shrink", shrink if n in decayed else None)])
+                     for n in a.grads],
+            {"beta1": config.beta1, "beta2": config.beta2, "eps": config.eps})
     for n, g in a.grads.items():
         p = a.params[n]
         kw = {"beta1": config.beta1, "beta2": config.beta2, **a.scale(n)}
-        parts = ("mv",) if _moments_packed(p.node, limits) else ("m", "v")
         moments = []
-        for part in parts:
-            state = a.state(f"adam_{part}_{n}", (2, *p.shape) if part == "mv" else p.shape)
+        for part, state in states[n]:
             moments.append(oo.adam_moments(state, g, part, **kw))
             a.write(moments[-1], f"adam_{part}_{n}", "state")
         p_new = oo.adam_update_p(p, moments, lrt, config.eps, shrink if n in decayed else None,
@@ -410,12 +445,18 @@ def _append_arena(graph: Graph, g: dict[str, Tensor], params: Mapping[str, Node]
     names = [f"arena{k}" for k in range(len(groups))]
     vp = {name: narrow(arena_p, 0, a, b - a) for name, (a, b, _) in zip(names, groups)}
     vg = {name: narrow(arena_g, 0, a, b - a) for name, (a, b, _) in zip(names, groups)}
-    ok = oo.step_ok(Tensor(graph, loss), list(vg.values())) if loss is not None else None
     gtotal = oo.sumsq_total(list(vg.values())) if clip is not None else None
-    appender = _Appender(vg, vp, {}, gtotal, clip, ok,
+    spans = {name: tuple((n, layout[n] - a, sizes[n]) for n in order if a <= layout[n] < b)
+             for name, (a, b, _) in zip(names, groups)}
+    appender = _Appender(vg, vp, {}, gtotal, clip,
+                         None if loss is None else Tensor(graph, loss), _max_inputs(limits),
                          arena=(arena_p.id, {name: 4 * a for name, (a, _, _) in
-                                             zip(names, groups)}))
+                                             zip(names, groups)}), spans=spans)
     return appender, [n for n, (_, _, d) in zip(names, groups) if d], layout, size
+
+
+def _max_inputs(limits: DeviceLimits) -> int:
+    return max(1, limits.max_storage_buffers_per_shader_stage - 1)
 
 
 def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerConfig,
@@ -426,12 +467,14 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
     `graph`, in `grads` order. `decay` holds per-param decay flags (None: no flag, the filter
     decides). `limits` (default: WebGPU's defaults) decides whether Adam's m and v share one
     ``[2, *shape]`` state (two kernels per param instead of three): they do when it fits one
-    binding. With `loss` (its node id) the update is guarded: when the loss or any gradient
-    is not finite, every update op writes its old value back, and the plan's `status` node
-    (1.0 applied, 0.0 skipped) says so. With `arena` (and no `normalize_grads`, which needs
-    each param's own norm) the params and gradients are packed into arenas, decayed params
-    first, and a handful of kernels update them all; the plan's `layout` says where each
-    param lies (the param store lays its buffer out the same way)."""
+    binding. With `loss` (its node id) the update is guarded: when the loss, a gradient or
+    any new param or state value the update would write is not finite (each update is tried
+    first by an ``update_partials`` node), every update op writes its old value back, and
+    the plan's `status` node (1.0 applied, 0.0 skipped) says so. With `arena` (and no
+    `normalize_grads`, which needs each param's own norm) the params and gradients are packed
+    into arenas, decayed params first, and a handful of kernels update them all; the plan's
+    `layout` says where each param lies (the param store lays its buffer out the same
+    way)."""
     if not isinstance(config, tuple(CONFIGS.values())):
         raise TypeError(f"append_optimizer: expected an optim.Adam, AdamW or SGD config, got "
                         f"{type(config).__name__}")
@@ -467,7 +510,6 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
             return OptimizerPlan(config, tuple(appender.writebacks), scalars,
                                  tuple(appender.states), tuple(decayed), (), tuple(names),
                                  None if ok is None else ok.id, layout, arena_size)
-        ok = oo.step_ok(Tensor(graph, loss), list(g.values())) if loss is not None else None
         # Sums of squares: every param's when clipping, else the normalized ones'.
         sumsq = {n: oo.grad_sumsq(g[n]) for n in names if clip is not None or n in normalized}
         gtotal = None
@@ -475,11 +517,13 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
             gtotal = oo.grad_norm_total([(sumsq[n], "normalized" if n in normalized else "raw")
                                          for n in names])
         appender = _Appender(g, {n: Tensor(graph, params[n].id) for n in names},
-                             {n: sumsq[n] for n in normalized}, gtotal, clip, ok)
+                             {n: sumsq[n] for n in normalized}, gtotal, clip,
+                             None if loss is None else Tensor(graph, loss), _max_inputs(limits))
         if isinstance(config, SGD):
             scalars = _append_sgd(appender, config, decayed)
         else:
             scalars = _append_adam(appender, config, decayed, limits)
+        ok = appender.ok
     return OptimizerPlan(config, tuple(appender.writebacks), scalars, tuple(appender.states),
                          tuple(decayed), tuple(normalized), tuple(names),
                          None if ok is None else ok.id)

@@ -119,13 +119,26 @@ def _describe(node: Node) -> str:
     return f"the result of {node.label} (%{node.id}), {node.dtype}{list(node.shape)}"
 
 
+def check_bytes(op: str, what: str, nbytes: int, limits: DeviceLimits, *,
+                bound: bool = True, site: str | None = None) -> None:
+    """Raise :class:`DeviceLimitError` (`op`: its op; `what`: the tensor, e.g. "param 'w'
+    f32[8]") when `nbytes` exceed the device's max_buffer_size or, for a tensor a kernel binds
+    (`bound`), its max_storage_buffer_binding_size."""
+    caps = (("max_storage_buffer_binding_size", limits.max_storage_buffer_binding_size),
+            ("max_buffer_size", limits.max_buffer_size))
+    for limit_name, cap in caps[0 if bound else 1:]:
+        if nbytes > cap:
+            raise DeviceLimitError(
+                op, f"{what} needs {nbytes:,} bytes, more than the device's {limit_name} of "
+                f"{cap:,} bytes; use a smaller batch size (or smaller inputs / layers) so that "
+                "every tensor fits", site=site)
+
+
 def check_limits(graph: Graph, limits: DeviceLimits, no_kernel: Iterable[int] = ()) -> None:
     """Raise :class:`DeviceLimitError` for the first tensor that exceeds a buffer limit, or
     the first kernel that binds more storage buffers than a shader stage may (nodes in
     `no_kernel` bind nothing)."""
     no_kernel = set(no_kernel)
-    caps = (("max_storage_buffer_binding_size", limits.max_storage_buffer_binding_size),
-            ("max_buffer_size", limits.max_buffer_size))
     per_stage = limits.max_storage_buffers_per_shader_stage
     for node in graph.nodes:
         if node.op not in LEAF_OPS and node.id not in no_kernel and \
@@ -134,12 +147,7 @@ def check_limits(graph: Graph, limits: DeviceLimits, no_kernel: Iterable[int] = 
                 node.label, f"%{node.id} binds {len(node.inputs)} inputs and its output, more "
                 f"than the device's max_storage_buffers_per_shader_stage of {per_stage}",
                 site=node.site)
-        for limit_name, cap in caps:
-            if node.nbytes > cap:
-                raise DeviceLimitError(
-                    node.label, f"{_describe(node)} needs {node.nbytes:,} bytes, more than the "
-                    f"device's {limit_name} of {cap:,} bytes; use a smaller batch size (or "
-                    "smaller inputs / layers) so that every tensor fits", site=node.site)
+        check_bytes(node.label, _describe(node), node.nbytes, limits, site=node.site)
 
 
 def _last_use(graph: Graph) -> list[int]:
@@ -403,4 +411,4 @@ def check_plan(graph: Graph, plan: BufferPlan) -> None:
 
 
 __all__ = ["ARENA_KINDS", "BUFFER_KINDS", "BufferPlan", "BufferSpec",
-           "ResolvedWriteback", "check_limits", "check_plan", "plan_buffers"]
+           "ResolvedWriteback", "check_bytes", "check_limits", "check_plan", "plan_buffers"]

@@ -23,11 +23,12 @@ from .errors import AbortError, PlanError, ShapeError
 from .flight import CallQueue
 from .gpu.interface import BufferSlice, Copy, Dispatch, GPUDevice, split_slice
 from .hostdata import from_bytes, to_bytes
-from .init import ParamSpec, init_params
+from .init import ParamSpec, check_spec, init_params
 from .ir import Graph, Node
 from .ops.arena import ALIGN, arena_layout
 from .ops.index import IndexBound, first_rejected, input_index_bounds, sentinel_only
 from .ops.registry import OPS
+from .plan import check_bytes
 
 
 class ParamStore:
@@ -49,6 +50,7 @@ class ParamStore:
                              f"params {sorted(f32)}")
         self.layout = dict(layout)
         size = max([self.layout[n] + self.specs[n].size for n in f32], default=0)
+        self._check_limits(device.limits, 4 * size if f32 else 0)
         self.arena = device.create_buffer(4 * max(size, ALIGN), "params") if f32 else None
         self.buffers: dict[str, Any] = {}
         for name, spec in self.specs.items():
@@ -58,6 +60,17 @@ class ParamStore:
             else:
                 self.buffers[name] = device.create_buffer(max(4, 4 * spec.size), name)
         self.reset()
+
+    def _check_limits(self, limits: Any, arena_bytes: int) -> None:
+        """DeviceLimitError, as tg.compile's plan raises it, before anything is allocated or
+        initialised: every param must fit one binding, the arena one buffer; ShapeError for an
+        init that would make non-finite values."""
+        for name, spec in self.specs.items():
+            check_spec(spec.init, spec.shape, spec.dtype, f"param '{name}'", spec.fan_in)
+            check_bytes("param", f"param '{name}' {spec.dtype}{list(spec.shape)}",
+                        4 * spec.size, limits)
+        check_bytes("param", f"the param arena ({len(self.layout)} f32 params, "
+                    f"{arena_bytes // 4:,} values)", arena_bytes, limits, bound=False)
 
     @property
     def names(self) -> list[str]:
@@ -80,7 +93,7 @@ class ParamStore:
             raise KeyError(f"upload_params: missing param(s) {missing} (pass partial=True "
                            "to upload a subset)")
         return {n: bytes(to_bytes(f"upload_params '{n}'", v, self.specs[n].shape,
-                                  self.specs[n].dtype))
+                                  self.specs[n].dtype, param=True))
                 for n, v in params.items()}
 
     def write(self, data: Mapping[str, bytes]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import init as _init
 from .errors import ShapeError, TraceError
+from .hostdata import element_count
 from .init import ParamSpec
 from .ir import Graph
 from .module import Module, materialize
@@ -114,16 +115,9 @@ def normalize_inputs(decls: Mapping[str, Any], wildcards: bool = True,
         decls = {k: (v.shape, v.dtype) for k, v in decls.items()}
     if not isinstance(decls, Mapping):
         raise ShapeError(op, f"inputs must be a dict {{name: shape}} or {{name: (shape, "
-                         f"dtype)}}, got {type(decls).__name__}")
+                         f"dtype)}}, e.g. {{'x': (32, 784), 'y': ((32,), 'i32')}}; got "
+                         f"{type(decls).__name__} {decls!r:.60}")
     return {name: _decl(name, raw, wildcards, op) for name, raw in decls.items()}
-
-
-def _length(value: Any) -> int:
-    if hasattr(value, "size") and not callable(value.size):  # numpy arrays
-        return int(value.size)
-    if isinstance(value, memoryview):
-        return value.nbytes // max(1, value.itemsize)
-    return len(value)
 
 
 def resolve_shapes(decls: Mapping[str, Any], arrays: Mapping[str, Any]
@@ -143,7 +137,7 @@ def resolve_shapes(decls: Mapping[str, Any], arrays: Mapping[str, Any]
     out: dict[str, tuple[int, ...]] = {}
     wild_value: tuple[str, int] | None = None
     for name, d in specs.items():
-        n = _length(arrays[name])
+        n = element_count(arrays[name])
         known = prod(x for x in d.shape if x is not None)
         if d.concrete:
             if n != known:
@@ -222,11 +216,13 @@ def _run(model: Module, fn: Callable[..., Any], decls: dict[str, InputDecl], wha
 
 
 def check_seed(seed: int | None) -> int:
-    """A 32-bit init seed: `seed` masked to 32 bits, or a random one for None."""
+    """A 32-bit init seed: `seed` masked to 32 bits, or a random one for None. TypeError for
+    anything else (bools, floats and strings too: nothing is converted)."""
     if seed is None:
         return _init.random_seed()
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TraceError(f"seed must be an int (32-bit), got {seed!r}")
+        raise TypeError(f"seed must be an int (32-bit), got {seed!r} ({type(seed).__name__}); "
+                        "pass an int, or None for a random seed")
     return seed & _init.MASK32
 
 

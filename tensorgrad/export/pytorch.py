@@ -283,7 +283,7 @@ def _weights(specs: Mapping[str, Any], values: Mapping[str, Any], class_name: st
         if spec.dtype != "f32":
             raise ExportError(f"param '{name}' is {spec.dtype}: the weights file holds f32 "
                               "params only", op="param")
-        raw = to_bytes(f"param '{name}'", values[name], spec.shape, spec.dtype)
+        raw = to_bytes(f"param '{name}'", values[name], spec.shape, spec.dtype, param=True)
         tensors[name] = memoryview(bytes(raw)).cast("f", list(spec.shape))
     return save_safetensors(tensors, metadata={"format": "pt", "exporter": "tensorgrad",
                                                "tensorgrad": __version__,

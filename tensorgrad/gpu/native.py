@@ -18,16 +18,18 @@ kernel that did go out of bounds would read or write memory it does not own.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import os
+import re
 import threading
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from ..errors import ShaderCompileError
+from ..errors import DeviceLostError, ShaderCompileError
 from .interface import (
     WANTED_FEATURES,
     AdapterInfo,
@@ -129,6 +131,51 @@ class NativeProgram:
 
 # ----------------------------------------------------------------------------- device
 
+# How wgpu-native and Dawn word the validation error of any call on a lost device.
+_LOST_TEXT = re.compile(r"device (is |was |has been )?(lost|destroyed)", re.IGNORECASE)
+
+
+def _loss_reason(err: BaseException) -> str | None:
+    """The line of `err` (or of an exception it was raised from) saying the device is lost."""
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        for line in str(e).splitlines():
+            if _LOST_TEXT.search(line):
+                return line.strip()
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _loss_checked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A device call that raises :class:`DeviceLostError` on a lost device: at once when the
+    loss is known, else when wgpu's error says the device is lost (which records it)."""
+    if asyncio.iscoroutinefunction(method):
+        @functools.wraps(method)
+        async def run_async(self: NativeDevice, *args: Any, **kwargs: Any) -> Any:
+            self._raise_if_lost()
+            try:
+                return await method(self, *args, **kwargs)
+            except DeviceLostError:
+                raise
+            except Exception as err:
+                self._note_loss(err)
+                raise
+        return run_async
+
+    @functools.wraps(method)
+    def run(self: NativeDevice, *args: Any, **kwargs: Any) -> Any:
+        self._raise_if_lost()
+        try:
+            return method(self, *args, **kwargs)
+        except DeviceLostError:
+            raise
+        except Exception as err:
+            self._note_loss(err)
+            raise
+    return run
+
 
 class NativeDevice:
     """A WebGPU device from wgpu-py (``wgpu`` or ``wgpudawn``). See :class:`GPUDevice`."""
@@ -175,6 +222,7 @@ class NativeDevice:
         self._staging: list[Any] = []  # free readback buffers, most recently used last
         self._staging_lock = threading.Lock()
         self._destroyed = False
+        self._lost_reason: str | None = None
         self.counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()  # handles may run from several threads
         # How to learn that a submission is done, set by _probe_work_done (see there):
@@ -259,8 +307,25 @@ class NativeDevice:
 
     @property
     def lost(self) -> str | None:
-        """"destroyed" once :meth:`destroy` ran, else None (wgpu-py reports no other loss)."""
-        return "destroyed" if self._destroyed else None
+        """Why the device is lost: "destroyed" once :meth:`destroy` ran, wgpu's words once a
+        call failed because the device is lost (wgpu-py has no loss event); else None."""
+        return "destroyed" if self._destroyed else self._lost_reason
+
+    def _lost_error(self) -> DeviceLostError:
+        return DeviceLostError(f"the GPU device was lost ({self.lost}); its graphs cannot run "
+                               "any more: compile again (tg.compile asks for a new default "
+                               "device) or request a new device")
+
+    def _raise_if_lost(self) -> None:
+        if self.lost:
+            raise self._lost_error()
+
+    def _note_loss(self, err: BaseException) -> None:
+        """Raise DeviceLostError from `err` when it says the device is lost."""
+        reason = _loss_reason(err)
+        if reason is not None:
+            self._lost_reason = self._lost_reason or f"wgpu: {reason}"
+            raise self._lost_error() from err
 
     def _count(self, what: str) -> None:
         with self._counts_lock:
@@ -277,6 +342,7 @@ class NativeDevice:
 
     # -- buffers
 
+    @_loss_checked
     def create_buffer(self, size: int, label: str = "") -> Any:
         """A zero-initialised storage buffer of `size` bytes (rounded up to a multiple of 4)."""
         size = max(4, (int(size) + 3) & ~3)
@@ -287,6 +353,7 @@ class NativeDevice:
         self._count("buffers created")
         return buffer
 
+    @_loss_checked
     def write_buffer(self, buffer: Any, data: Any, offset: int = 0) -> None:
         """Copy host bytes into `buffer` (or a slice) at `offset` (a multiple of 4). Data
         whose length is not a multiple of 4 is padded with zero bytes."""
@@ -301,15 +368,23 @@ class NativeDevice:
             self.queue.write_buffer(buffer, offset, m)
 
     def destroy_buffer(self, buffer: Any) -> None:
-        buffer.destroy()
+        self._destroy_quietly(buffer)
         self._count("buffers destroyed")
 
     def _destroy_staging(self, buffer: Any) -> None:
-        buffer.destroy()
+        self._destroy_quietly(buffer)
         self._count("staging buffers destroyed")
+
+    def _destroy_quietly(self, buffer: Any) -> None:
+        try:
+            buffer.destroy()
+        except Exception as err:  # freeing on a lost device: nothing is left to free
+            if self.lost is None and _loss_reason(err) is None:
+                raise
 
     # -- kernels and programs
 
+    @_loss_checked
     def create_kernel(self, wgsl: str, label: str) -> NativeKernel:
         """Compile `wgsl` into a compute pipeline; :class:`ShaderCompileError` on failure."""
         device = self.device
@@ -371,6 +446,7 @@ class NativeDevice:
                 out.append(f"{line}:{col}: {text}")
         return out
 
+    @_loss_checked
     def create_program(self, steps: Sequence[Dispatch | Copy], chunk_size: int) -> NativeProgram:
         """Bind groups made once; steps split into chunks of `chunk_size` dispatches."""
         if chunk_size < 0:
@@ -540,6 +616,7 @@ class NativeDevice:
             nbytes.append(n)
         return planned, nbytes
 
+    @_loss_checked
     async def execute(self, program: NativeProgram, writes: Sequence[tuple[Any, Any]],
                       reads: Sequence[tuple[Any, int]]) -> list[memoryview]:
         """Write inputs, run the chunks with at most two submissions in flight, then read
@@ -572,6 +649,7 @@ class NativeDevice:
             return []
         return await self._map_and_read(planned, nbytes)
 
+    @_loss_checked
     async def read_buffers(self, reads: Sequence[tuple[Any, int]]) -> list[memoryview]:
         """Read `(buffer, nbytes)` pairs back (one submission, one map each)."""
         planned, nbytes = self._plan_reads(reads)

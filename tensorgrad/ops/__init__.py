@@ -3,7 +3,20 @@ module defines its primitives and registers its public functions; the Python ope
 :class:`~tensorgrad.tensor.Tensor` are bound to the op functions here."""
 
 from .. import tensor as _tensor
-from . import arena, attention, conv, index, linalg, nn, norm, optim_ops, reduce, shape, stochastic  # noqa: F401
+from . import (  # noqa: F401  (each family module fills the op table)
+    arena,
+    attention,
+    conv,
+    index,
+    linalg,
+    nn,
+    norm,
+    optim_ops,
+    reduce,
+    shape,
+    stochastic,
+    update_check,
+)
 from .broadcast import broadcast_to, sum_to_shape
 from .elementwise import *
 from .elementwise import power as _power

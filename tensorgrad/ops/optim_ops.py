@@ -27,10 +27,13 @@ Primitives (n = the param's element count):
 
 The step guard: ``finite_partials(x_1, ..., x_k)`` -> f32[G]: 1 where every element of every
 input at a flat index ≡ j (mod G) is finite, else 0 (G threads scan interleaved, coalesced);
-``step_ok(loss, partials..., [acc])`` -> f32[]: 1 when the loss and all partials are 1. Every
-update op takes an optional 0-d ``ok`` input and writes its old value (param, moment,
-velocity) unchanged when ``ok`` is 0, so a step with a non-finite loss or gradient leaves
-params and optimizer state exactly as they were.
+``step_ok(loss, partials..., [acc])`` -> f32[]: 1 when the loss and all partials are 1. The
+optimizer feeds it ``update_partials`` flags (:mod:`.update_check`: a trial of each update,
+with the expressions below, that also checks the gradient) rather than ``finite_partials``
+of the gradients. Every update op takes an optional 0-d ``ok`` input and writes its old value
+(param, moment, velocity) unchanged when ``ok`` is 0, so a step with a non-finite loss or
+gradient, or whose update would make a param or state value non-finite, leaves params and
+optimizer state exactly as they were.
 """
 
 from __future__ import annotations
@@ -284,6 +287,13 @@ def step_ok(loss: Tensor, grads: Sequence[Tensor]) -> Tensor:
     """The step guard: a 0-d f32, 1 when `loss` and every gradient are finite, else 0."""
     flags = [record("finite_partials", list(grads[k:k + MAX_GUARD_INPUTS]))
              for k in range(0, len(grads), MAX_GUARD_INPUTS)]
+    return guard(loss, flags)
+
+
+def guard(loss: Tensor, flags: Sequence[Tensor]) -> Tensor:
+    """The step guard from partial flags (``finite_partials``, ``update_partials``): a 0-d
+    f32, 1 when `loss` is finite and every flag is 1, else 0 (chained 7 inputs per node)."""
+    flags = list(flags)
     acc, roles, inputs = None, ["loss"], [loss]
     while True:
         room = MAX_GUARD_INPUTS - len(inputs)
@@ -460,23 +470,54 @@ def _ref_moments(args: Sequence[Any], node: Node) -> Any:
     return _ok_ref(args, node, new, "state")
 
 
+# The update arithmetic as WGSL expressions of already-read values, shared by the update
+# kernels and the step guard's trial of them (ops/update_check.py): both compute the same
+# text, so the trial sees the values the update would write.
+
+def adam_m_wgsl(attrs: dict[str, Any], m: str, g: str) -> str:
+    """m' = b1 m + (1 - b1) g (g already scaled)."""
+    return f"{w.lit(attrs['beta1'])} * {m} + {w.lit(1.0 - attrs['beta1'])} * {g}"
+
+
+def adam_v_wgsl(attrs: dict[str, Any], v: str, g: str) -> str:
+    """v' = b2 v + (1 - b2) g²."""
+    return f"{w.lit(attrs['beta2'])} * {v} + {w.lit(1.0 - attrs['beta2'])} * ({g} * {g})"
+
+
+def adam_p_wgsl(p: str, m: str, v: str, lrt: str, eps: float, shrink: str | None) -> str:
+    """p' = s p - lrt m' / (sqrt(v') + eps)."""
+    s = f"{shrink} * " if shrink else ""
+    return f"{s}{p} - {lrt} * {m} / (sqrt({v}) + {w.lit(eps)})"
+
+
+def sgd_wgsl(attrs: dict[str, Any], p: str, g: str, v: str | None, lr: str
+             ) -> tuple[str | None, str]:
+    """(v' or None, p') of SGD from the effective gradient `g` (scaled, decay added) and the
+    old velocity `v` (None without momentum): v' = mu v + g; p' = p - lr u with u = g, v', or
+    g + mu v' (Nesterov). Where the update reads v' it is named `vn`."""
+    mu = attrs.get("momentum", 0.0)
+    if v is None or not mu > 0:
+        return None, f"{p} - {lr} * {g}"
+    vn = f"{w.lit(mu)} * {v} + {g}"
+    u = f"({g} + {w.lit(mu)} * vn)" if attrs.get("nesterov") else "vn"
+    return vn, f"{p} - {lr} * {u}"
+
+
 def _emit_moments(ctx: EmitContext) -> Kernel:
     r, a = _roles(ctx.node), ctx.node.attrs
     n = ctx.inputs[r["g"]].size
-    b1, c1 = w.lit(a["beta1"]), w.lit(1.0 - a["beta1"])
-    b2, c2 = w.lit(a["beta2"]), w.lit(1.0 - a["beta2"])
     s = f"in{r['state']}"
     lines = [_wgsl_scale(ctx.node), f"  let g = in{r['g']}[i] * gs;"]
     node = ctx.node
     if a["part"] == "m":
-        lines.append(f"  out[i] = {_ok_wgsl(node, f'{b1} * {s}[i] + {c1} * g', f'{s}[i]')};")
+        lines.append(f"  out[i] = {_ok_wgsl(node, adam_m_wgsl(a, f'{s}[i]', 'g'), f'{s}[i]')};")
     elif a["part"] == "v":
-        lines.append(f"  out[i] = {_ok_wgsl(node, f'{b2} * {s}[i] + {c2} * (g * g)', f'{s}[i]')};")
+        lines.append(f"  out[i] = {_ok_wgsl(node, adam_v_wgsl(a, f'{s}[i]', 'g'), f'{s}[i]')};")
     else:
         j = f"i + {w.u(n)}"
-        lines.append(f"  out[i] = {_ok_wgsl(node, f'{b1} * {s}[i] + {c1} * g', f'{s}[i]')};")
+        lines.append(f"  out[i] = {_ok_wgsl(node, adam_m_wgsl(a, f'{s}[i]', 'g'), f'{s}[i]')};")
         lines.append(f"  out[{j}] = "
-                     f"{_ok_wgsl(node, f'{b2} * {s}[{j}] + {c2} * (g * g)', f'{s}[{j}]')};")
+                     f"{_ok_wgsl(node, adam_v_wgsl(a, f'{s}[{j}]', 'g'), f'{s}[{j}]')};")
     return w.thread_kernel(ctx, "\n".join(lines), n)
 
 
@@ -533,8 +574,9 @@ def _emit_adam_p(ctx: EmitContext) -> Kernel:
         m, v = f"in{r['mv']}[i]", f"in{r['mv']}[i + {w.u(n)}]"
     else:
         m, v = f"in{r['m']}[i]", f"in{r['v']}[i]"
-    s = f"in{r['shrink']}[0] * " if "shrink" in r else ""
-    new = f"{s}in{r['p']}[i] - in{r['lrt']}[0] * m / (sqrt(v) + {w.lit(ctx.node.attrs['eps'])})"
+    shrink = f"in{r['shrink']}[0]" if "shrink" in r else None
+    new = adam_p_wgsl(f"in{r['p']}[i]", "m", "v", f"in{r['lrt']}[0]", ctx.node.attrs["eps"],
+                      shrink)
     body = f"""  let m = {m};
   let v = {v};
   out[i] = {_ok_wgsl(ctx.node, new, f"in{r['p']}[i]")};"""
@@ -600,8 +642,8 @@ def _ref_velocity(args: Sequence[Any], node: Node) -> Any:
 
 def _emit_velocity(ctx: EmitContext) -> Kernel:
     r = _roles(ctx.node)
-    mu = w.lit(ctx.node.attrs["momentum"])
-    new = _ok_wgsl(ctx.node, f"{mu} * in{r['v']}[i] + g", f"in{r['v']}[i]")
+    vn, _ = sgd_wgsl(ctx.node.attrs, "p", "g", f"in{r['v']}[i]", "lr")
+    new = _ok_wgsl(ctx.node, str(vn), f"in{r['v']}[i]")
     return w.thread_kernel(ctx, f"{_g_eff_wgsl(ctx.node)}\n  out[i] = {new};")
 
 
@@ -636,16 +678,13 @@ def _ref_sgd_p(args: Sequence[Any], node: Node) -> Any:
 
 
 def _emit_sgd_p(ctx: EmitContext) -> Kernel:
-    r, a = _roles(ctx.node), ctx.node.attrs
+    r = _roles(ctx.node)
     lines = [_g_eff_wgsl(ctx.node)] if "g" in r else []
-    if "v" not in r:
-        lines.append("  let u = g;")
-    elif a["nesterov"]:
-        lines.append(f"  let u = g + {w.lit(a['momentum'])} * in{r['v']}[i];")
-    else:
-        lines.append(f"  let u = in{r['v']}[i];")
     p, lr = f"in{r['p']}[i]", f"in{r['lr']}[0]"
-    lines.append(f"  out[i] = {_ok_wgsl(ctx.node, f'{p} - {lr} * u', p)};")
+    if "v" in r:  # the new velocity, as sgd_velocity wrote it
+        lines.append(f"  let vn = in{r['v']}[i];")
+    _, new = sgd_wgsl(ctx.node.attrs, p, "g", "v" if "v" in r else None, lr)
+    lines.append(f"  out[i] = {_ok_wgsl(ctx.node, new, p)};")
     return w.thread_kernel(ctx, "\n".join(lines))
 
 
@@ -690,5 +729,5 @@ def sgd_update_p(p: Tensor, lr: Tensor, g: Tensor | None = None, v: Tensor | Non
                   clip=clip if g is not None else None)
 
 
-__all__ = ["adam_moments", "adam_update_p", "grad_norm_total", "grad_sumsq", "guard_width",
-           "sgd_update_p", "sgd_velocity", "step_ok", "sumsq_total"]
+__all__ = ["adam_moments", "adam_update_p", "grad_norm_total", "grad_sumsq", "guard",
+           "guard_width", "sgd_update_p", "sgd_velocity", "step_ok", "sumsq_total"]

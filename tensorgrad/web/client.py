@@ -22,8 +22,9 @@ through that JS session::
 Model, loss and optimizer are Python *expressions* evaluated in the worker's namespace (define
 them there with :meth:`Session.exec`, :meth:`Session.load` or :meth:`Session.run_script`); an
 optimizer may also be plain data (``{"kind": "adam", "lr": 1e-3}``). Step and run inputs are
-Python buffers (``array.array``, ``memoryview``, ``bytes``, NumPy arrays), flat lists of
-numbers, or JS typed arrays; each is copied into a fresh typed array that is transferred to the
+Python buffers (``array.array``, ``memoryview``, ``bytes``, NumPy arrays), lists of
+numbers, or JS typed arrays (data carrying 2 or more dims must have the declared shape, as
+natively); each is copied into a fresh typed array that is transferred to the
 worker (a JS typed array passed as is is transferred itself, so it is detached afterwards).
 ``step`` and ``run`` return the native API's result objects and never raise; the other calls
 raise :class:`~tensorgrad.errors.RemoteError` (mixed with the worker's exception class of that
@@ -32,7 +33,6 @@ name where tensorgrad knows it, e.g. ``ValueError`` or ``tensorgrad.ShapeError``
 
 from __future__ import annotations
 
-import array
 import asyncio
 import inspect
 import sys
@@ -42,7 +42,7 @@ from typing import Any, Self
 
 from ..errors import RemoteError, remote_error
 from ..gpu import WebGPUSupport, in_pyodide
-from ..hostdata import from_bytes, numpy_or_none
+from ..hostdata import check_host_shape, flat_list, from_bytes, list_array, numpy_or_none
 from ..results import Aborted, Captures, Completed, Failed, Result
 from .convert import flat_buffer, from_js, plain, to_js_value
 from .protocol import check_payload
@@ -103,25 +103,35 @@ def _callback_proxy(fn: Callable[[Any], Any] | None) -> Any:
 
 
 # -- host data --------------------------------------------------------------------------------
-def _dtypes(inputs: Mapping[str, Any] | None) -> dict[str, str]:
-    """``{name: dtype}`` from an inputs spec ``{name: shape | [shape, dtype]}``."""
+def _decls(inputs: Mapping[str, Any] | None) -> dict[str, tuple[Any, str]]:
+    """``{name: (shape, dtype)}`` from an inputs spec ``{name: shape | [shape, dtype]}`` (the
+    shape as declared, None dims included; None when it is not a sequence of dims)."""
     out = {}
     for name, spec in (inputs or {}).items():
-        dtype = "f32"
+        dtype, shape = "f32", spec
         if isinstance(spec, (list, tuple)) and len(spec) == 2 and isinstance(spec[1], str):
-            dtype = spec[1]
+            shape, dtype = spec
         elif isinstance(spec, Mapping):
-            dtype = str(spec.get("dtype", "f32"))
-        out[str(name)] = dtype
+            shape, dtype = spec.get("shape"), str(spec.get("dtype", "f32"))
+        if isinstance(shape, int):
+            shape = (shape,)
+        ok = isinstance(shape, (list, tuple)) and all(
+            d is None or (isinstance(d, int) and not isinstance(d, bool)) for d in shape)
+        out[str(name)] = (tuple(shape) if ok else None, dtype)
     return out
 
 
-def _typed_array(what: str, value: Any, dtype: str) -> Any:
-    """`value` as a fresh JS typed array (a JsProxy typed array passes through)."""
+def _typed_array(what: str, value: Any, dtype: str, shape: Any = None,
+                 param: bool = False) -> Any:
+    """`value` as a fresh JS typed array (a JsProxy typed array passes through). Data that
+    carries a shape is checked against the declared `shape` first (the shape rule of
+    :func:`tensorgrad.hostdata.check_layout`): it travels flat."""
     from pyodide.ffi import JsProxy
 
     if isinstance(value, JsProxy):
         return value
+    if shape is not None:
+        check_host_shape(what, value, shape, param)
     fmt = _FORMAT_OF_DTYPE.get(dtype, "f")
     np = numpy_or_none()
     if np is not None and isinstance(value, np.ndarray):
@@ -130,23 +140,24 @@ def _typed_array(what: str, value: Any, dtype: str) -> Any:
             value = value.astype(want)
         value = np.ascontiguousarray(value)
     elif isinstance(value, (list, tuple)):
-        try:
-            value = array.array(fmt, value)
-        except TypeError as exc:
-            raise TypeError(f"{what}: expected a flat list of {dtype} numbers ({exc})") from None
+        items = flat_list(what, value, (None,) if shape is None else shape, param)
+        value = list_array(what, items, fmt, dtype, len(items))
     try:
         mv = plain(flat_buffer(value))  # a flat memoryview with a typed-array format
     except TypeError as exc:
         raise TypeError(f"{what}: expected a buffer of {dtype} data (array.array, memoryview, "
-                        f"bytes, a NumPy array), a flat list or a JS typed array; got "
+                        f"bytes, a NumPy array), a list or a JS typed array; got "
                         f"{type(value).__name__} ({exc})") from None
     return to_js_value(mv)  # Pyodide copies the bytes into a new ArrayBuffer (never the heap)
 
 
-def _typed_arrays(inputs: Mapping[str, Any], dtypes: Mapping[str, str], what: str
-                  ) -> dict[str, Any]:
-    return {name: _typed_array(f"{what} '{name}'", value, dtypes.get(name, "f32"))
-            for name, value in inputs.items()}
+def _typed_arrays(inputs: Mapping[str, Any], decls: Mapping[str, tuple[Any, str]], what: str,
+                  param: bool = False) -> dict[str, Any]:
+    out = {}
+    for name, value in inputs.items():
+        shape, dtype = decls.get(name, (None, "f32"))
+        out[name] = _typed_array(f"{what} '{name}'", value, dtype, shape, param)
+    return out
 
 
 def _host_array(data: Any, shape: list[int] | None) -> Any:
@@ -193,7 +204,8 @@ class RemoteForward:
                  inputs: Mapping[str, Any] | None) -> None:
         self.session = session
         self.graph_id = int(info["graphId"])
-        self.input_dtypes = _dtypes(inputs)
+        self.input_decls = _decls(inputs)
+        self.input_dtypes = {name: dtype for name, (_, dtype) in self.input_decls.items()}
         self._update(info)
 
     def _update(self, info: Mapping[str, Any]) -> None:
@@ -207,7 +219,7 @@ class RemoteForward:
 
     async def _graph_call(self, kind: str, inputs: Mapping[str, Any], output: bool) -> Result:
         try:
-            typed = _typed_arrays(inputs, self.input_dtypes, f"{kind} input")
+            typed = _typed_arrays(inputs, self.input_decls, f"{kind} input")
             reply = await self.session.request(
                 kind, {"graphId": self.graph_id, "inputs": typed},
                 transfer=[t.buffer for t in typed.values()])
@@ -224,7 +236,8 @@ class RemoteForward:
     async def upload_params(self, params: Mapping[str, Any], partial: bool = False) -> None:
         """Replace parameters: ``{name: buffer | list | typed array}`` of f32 values; every
         param unless `partial`."""
-        typed = _typed_arrays(params, {}, "parameter")
+        typed = _typed_arrays(params, {n: (s, "f32") for n, s in self.param_shapes.items()},
+                              "upload_params", param=True)
         await self.session.request("uploadParams", {"graphId": self.graph_id, "params": typed,
                                                     "partial": partial},
                                    transfer=[t.buffer for t in typed.values()])
@@ -259,7 +272,7 @@ class RemoteTraining(RemoteForward):
 
     async def step(self, **inputs: Any) -> Result:
         """One training step: ``Completed(loss=..., captures=...)``, ``Aborted()`` or
-        ``Failed(error)``; never raises. Inputs are buffers, flat lists or typed arrays."""
+        ``Failed(error)``; never raises. Inputs are buffers, lists or typed arrays."""
         return await self._graph_call("step", inputs, output=False)
 
     async def attach(self, forward: str, inputs: Mapping[str, Any], output: str | None = None

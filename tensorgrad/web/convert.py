@@ -7,10 +7,10 @@ memoryviews). Outside Pyodide only :func:`plain` and :func:`flat_buffer` apply.
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import user_traceback
 from ..gpu import in_pyodide
 from ..results import Aborted, Completed, Failed
 
@@ -79,9 +79,11 @@ def _is_buffer(value: Any) -> bool:
 
 
 def error_info(exc: BaseException) -> dict[str, str]:
-    """``{name, message, traceback}`` of an exception, the full formatted traceback included."""
+    """``{name, message, traceback}`` of an exception; the traceback is cut to the user's
+    frames (:func:`tensorgrad.errors.user_traceback`: the worker loop's, tensorgrad's,
+    asyncio's and Pyodide's frames around them left out, so it ends at the user's line)."""
     return {"name": type(exc).__name__, "message": str(exc),
-            "traceback": "".join(traceback.format_exception(exc))}
+            "traceback": user_traceback(exc)}
 
 
 def _array_fields(value: Any) -> tuple[memoryview, list[int]]:

@@ -300,7 +300,7 @@ async def _attach(payload: dict[str, Any], session: Session) -> dict[str, Any]:
 @handler("uploadParams")
 async def _upload_params(payload: dict[str, Any], session: Session) -> None:
     graph = session.graph(payload["graphId"])
-    params = {name: flat_buffer(data) for name, data in payload["params"].items()}
+    params = dict(payload["params"])  # checked by upload_params (shapes too), not flattened
     async with graph.lock:
         await graph.obj.upload_params(params, partial=payload.get("partial", False))
 

@@ -4,6 +4,7 @@ message; a script's error rejects runScript with its traceback."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -31,6 +32,9 @@ def err_log_negative(model, x, y):
 
 def err_sqrt_negative(model, x, y):
     return tg.mean(tg.sqrt(-1.0 - tg.square(model(x) - y)))
+
+def err_broadcast(model, x, y):
+    return tg.mean(tg.square(model(x) - tg.reshape(y, (2, 2))))
 
 def err_forward_raises(model, x):
     if x.shape[0] > 3:
@@ -174,3 +178,43 @@ def test_compile_error_rejects_with_the_shape_error(models: Page) -> None:
                     .then(() => ({ compiled: true }), (e) => ({ name: e.name, message: e.message }))""")
     assert out.get("name") == "ShapeError", out
     assert "3" in out["message"] and "2" in out["message"], out
+
+
+INTERNAL = ("asyncio", "webloop", "pyodide", "tensorgrad/", "python314.zip", "<frozen")
+
+
+def _last_frame(traceback: str) -> str:
+    return [line for line in traceback.splitlines() if line.lstrip().startswith('File "')][-1]
+
+
+def test_errors_end_at_the_users_line_not_in_pyodide(models: Page) -> None:
+    """A mistake in the user's loss (at compile) and one in a script's own call: the message's
+    call site and the traceback end at the user's line; the worker loop's, tensorgrad's,
+    asyncio's and Pyodide's frames (webloop.py) are trimmed."""
+    out = models.js("""async () => {
+      const info = (e) => ({ name: e.name, message: e.message, traceback: e.traceback });
+      const compiled = await session.compile({ model: "ErrNet()", loss: "err_broadcast",
+          seed: 1, optimizer: "tg.optim.SGD(lr=0.1)", inputs: { x: [4, 2], y: [4, 1] } })
+        .then(() => null, info);
+      const script = await session.runScript([
+        "import tensorgrad as tg",
+        "async def main():",
+        "    await tg.compile(model=ErrNet(), loss=err_mse, inputs='x',",
+        "                     optimizer=tg.optim.SGD(lr=0.1))"].join("\\n")).then(() => null, info);
+      return { compiled, script };
+    }""")
+    compiled, script = out["compiled"], out["script"]
+    assert compiled["name"] == "ShapeError", out
+    assert compiled["message"].startswith("sub: shapes [4, 1] and [2, 2] do not broadcast"), out
+    assert re.search(r"\n  at <exec-\d+>:\d+ in err_broadcast$", compiled["message"]), out
+    assert re.search(r'File "<exec-\d+>", line \d+, in err_broadcast', _last_frame(
+        compiled["traceback"])), compiled["traceback"]
+    assert script["name"] == "ShapeError", out
+    assert re.search(r"^compile: inputs must be a dict .*; got str 'x'\n  at <exec-\d+>:3 in "
+                     r"main$", script["message"]), out
+    assert re.search(r'File "<exec-\d+>", line 3, in main', _last_frame(script["traceback"])), \
+        script["traceback"]
+    for err in (compiled, script):
+        assert not any(word in err["message"] for word in INTERNAL), err["message"]
+        frames = [line for line in err["traceback"].splitlines() if 'File "' in line]
+        assert not any(word in line for line in frames for word in INTERNAL), err["traceback"]

@@ -228,6 +228,34 @@ json.dumps({"errors": out, "posted": posted(),
 """
 
 
+SHAPES = """
+import array, json
+import tensorgrad as tg
+
+def view(n, shape):  # a flat f32 buffer seen with a shape
+    return memoryview(array.array("f", [0.25] * n)).cast("B").cast("f", shape)
+
+train2 = await session.compile(model="MLP()", loss="loss_fn", inputs={"x": [8, 4], "y": [8, 1]},
+                               optimizer="tg.optim.Adam(lr=1e-2)", seed=1)
+ys = array.array("f", [0.0] * 8)
+out = {}
+for key, x in (("transposed", view(32, (4, 8))), ("nested_other", [[0.5] * 16] * 2),
+               ("nested_ok", [[0.5] * 4 for _ in range(8)]), ("shaped_ok", view(32, (8, 4)))):
+    r = await train2.step(x=x, y=ys)
+    out[key] = [r.kind, getattr(r, "message", "")]
+try:
+    await train2.upload_params({"l1.W": view(64, (16, 4))}, partial=True)
+    out["upload"] = None
+except tg.ShapeError as exc:
+    out["upload"] = str(exc)
+fwd = await train2.attach(forward="predict", inputs={"x": [None, 4]})
+r = await fwd.run(x=view(12, (4, 3)))
+out["forward"] = [r.kind, getattr(r, "message", "")]
+await train2.destroy()
+json.dumps(out)
+"""
+
+
 class PythonPage:
     """The test page with Python on the main thread; `py(source)` runs Python there."""
 
@@ -333,6 +361,23 @@ def test_the_python_client_refuses_mistyped_fields_before_sending(
     assert re.fullmatch(rf"destroy: {idm} str '\d+'", errors["str id"]), errors
     assert out["posted"] == 0, "a mistyped message reached the worker"
     assert out["same"] and out["step"] == "completed", out
+
+
+def test_the_page_client_checks_shapes_before_it_sends_data_flat(
+        page_python: PythonPage, started: dict[str, Any]) -> None:
+    """The page client sends typed arrays (flat), so it applies the host-data shape rule
+    itself: data carrying 2+ dims must have the declared shape (None dims match any size)."""
+    out = page_python.py(SHAPES)
+    assert out["transposed"][0] == "failed" and out["transposed"][1].startswith(
+        "step input 'x': got [4, 8], the transpose of [8, 4]: pass x.T"), out
+    assert out["nested_other"][0] == "failed" and out["nested_other"][1].startswith(
+        "step input 'x': got data of shape [2, 16] for shape [8, 4]"), out
+    assert out["nested_ok"][0] == "completed" and out["shaped_ok"][0] == "completed", out
+    assert out["upload"].startswith(
+        "upload_params 'l1.W': got [16, 4], the transpose of [4, 16]: pass w.T (a PyTorch "
+        "Linear weight is [out, in]; tensorgrad's Linear weight is [in, out])"), out
+    assert out["forward"][0] == "failed" and out["forward"][1].startswith(
+        "run input 'x': got data of shape [4, 3] for shape [None, 4]"), out
 
 
 def test_check_webgpu_from_python_on_the_page(page_python: PythonPage,

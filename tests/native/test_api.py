@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import array
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -268,6 +269,47 @@ def test_a_finite_loss_with_an_infinite_gradient_is_skipped(gpu_device) -> None:
         assert "the loss is finite" in r.message and "but a gradient is not at step 1" in \
             r.message and "params and optimizer state are unchanged" in r.message, r.message
         assert await _state(train) == before and train.step_count == 0
+        train.destroy()
+
+    run(go())
+
+
+SKIPPED = r": the update was skipped, params and optimizer state are unchanged; lower the " \
+    r"learning rate \(or clip gradients with clip_grad_norm\)"
+PARAM_INF = r"param 'l[12]\.[Wb]' would become -?inf at flat index \d+"
+
+
+@pytest.mark.parametrize("optimizer, scale, arena, want", [
+    (tg.optim.SGD(lr=1e30), 1e6, True,
+     rf"^the update would make params non-finite at step 1 \({PARAM_INF}\){SKIPPED}"),
+    (tg.optim.SGD(lr=1e30, momentum=0.9, normalize_grads="l2.*"), 1e6, False,
+     rf"^the update would make params non-finite at step 1 \({PARAM_INF}\){SKIPPED}"),
+    (tg.optim.Adam(lr=1e39), 1.0, True,
+     rf"^the update would make params non-finite at step 1 \({PARAM_INF}\){SKIPPED}"),
+    (tg.optim.AdamW(lr=1e39, weight_decay=0.1, normalize_grads="l2.*"), 1.0, False,
+     rf"^the update would make params non-finite at step 1 \({PARAM_INF}\){SKIPPED}"),
+    (tg.optim.Adam(lr=1e-3), 1e12, True,
+     (r"^the update would make the optimizer state non-finite at step 1 \(Adam's second moment "
+      rf"v of param 'l[12]\.[Wb]' would become inf at flat index \d+\){SKIPPED}")),
+], ids=["sgd-arena", "sgd-momentum-per-param", "adam-arena", "adamw-per-param",
+        "adam-state-arena"])
+def test_an_update_that_would_make_params_non_finite_is_skipped(gpu_device, optimizer, scale,
+                                                                 arena, want) -> None:
+    """The loss and the gradients are finite, but the update would overflow (a huge learning
+    rate, or a gradient whose square overflows Adam's v): the step fails, params and optimizer
+    state stay bit for bit, and training goes on once the learning rate is sane."""
+    async def go() -> None:
+        train = await compile_tiny(gpu_device, optimizer=optimizer)
+        assert (train._opt.layout is not None) == arena
+        before = await _state(train)
+        big = {k: v * np.float32(scale) for k, v in data().items()}
+        r = await train.step(**big)
+        assert r.kind == "failed" and isinstance(r.error, FloatingPointError), r
+        assert re.search(want, r.message), r.message
+        assert await _state(train) == before and train.step_count == 0
+        await train.set_lr(1e-3)
+        assert (await train.step(**data())).kind == "completed"
+        assert await _state(train) != before
         train.destroy()
 
     run(go())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -127,7 +128,28 @@ CATALOGUE = [
         ShapeError, r"^input 'ids': expected i32 data, got a numpy array of float64",
         model="tokens"),
     Bad("a float list for an i32 input", lambda t: t.step(**{**tokens(), "ids": [0.5] * 4}),
-        ShapeError, r"^input 'ids': expected 4 i32 numbers", model="tokens"),
+        ShapeError, r"^input 'ids': expected 4 i32 numbers, got float 0\.5 at flat index 0 "
+        r"\(an int is needed\)", model="tokens"),
+    Bad("a list value beyond i32", lambda t: t.step(**{**tokens(), "ids": [0, 1, 2**31, 2]}),
+        ShapeError, r"^input 'ids': holds 2147483648 at flat index 2, outside the i32 range "
+        r"-2147483648\.\.2147483647", model="tokens"),
+    Bad("a string in an f32 list", step(x=[0.5] * 7 + ["a"], y=Y), ShapeError,
+        r"^input 'x': expected 8 f32 numbers, got str 'a' at flat index 7 \(a number is "
+        r"needed\)"),
+    Bad("a transposed input of the right size", step(x=X.T.copy(), y=Y), ShapeError,
+        r"^input 'x': got \[2, 4\], the transpose of \[4, 2\]: pass x\.T"),
+    Bad("an input of another shape of the right size", step(x=X, y=Y.reshape(2, 2)),
+        ShapeError, r"^input 'y': got data of shape \[2, 2\] for shape \[4, 1\]: the element "
+        r"counts agree but the layouts differ"),
+    Bad("a transposed 2-D memoryview", step(x=memoryview(X.T.copy()), y=Y), ShapeError,
+        r"^input 'x': got \[2, 4\], the transpose of \[4, 2\]"),
+    Bad("a nested list of another shape", step(x=X.reshape(8, 1).tolist(), y=Y), ShapeError,
+        r"^input 'x': got data of shape \[8, 1\] for shape \[4, 2\]"),
+    Bad("a ragged nested list", step(x=[[0.5, 0.5]] * 3 + [[0.5]], y=Y), ShapeError,
+        r"^input 'x': a ragged nested list: at depth 1, item 3 has 1 items where item 0 has 2 "
+        r"items; nested lists must be rectangular"),
+    Bad("a transposed forward input", run_forward(x=np.zeros((2, 3), np.float32)), ShapeError,
+        r"^input 'x': got \[2, 3\], the transpose of \[3, 2\]"),
     Bad("int64 ids that do not fit i32",
         lambda t: t.step(**{**tokens(), "ids": np.array([0, 1, 2, 2**40])}), ShapeError,
         r"^input 'ids': a int64 array with values 0\.\.1099511627776 does not fit i32",
@@ -169,6 +191,15 @@ CATALOGUE = [
     Bad("uploading a param of the wrong shape",
         upload(lambda p: {"l1.W": np.zeros((3, 8), np.float32)}, partial=True), ShapeError,
         r"^upload_params 'l1\.W': expected 16 elements \(shape \[2, 8\]\), got 24",
+        raises=True),
+    Bad("uploading a weight in PyTorch's [out, in] layout",
+        upload(lambda p: {"l1.W": p["l1.W"].T.copy()}, partial=True), ShapeError,
+        r"^upload_params 'l1\.W': got \[8, 2\], the transpose of \[2, 8\]: pass w\.T \(a "
+        r"PyTorch Linear weight is \[out, in\]; tensorgrad's Linear weight is \[in, out\]\)",
+        raises=True),
+    Bad("uploading a param of another shape of the right size",
+        upload(lambda p: {"l1.W": p["l1.W"].reshape(4, 4)}, partial=True), ShapeError,
+        r"^upload_params 'l1\.W': got data of shape \[4, 4\] for shape \[2, 8\]",
         raises=True),
     Bad("uploading int data as a param",
         upload(lambda p: {"l1.b": np.zeros(8, np.int64)}, partial=True), ShapeError,
@@ -242,6 +273,44 @@ def test_strided_and_float64_inputs_give_exactly_the_contiguous_f32_result(gpu_d
             results.append((await train.step(x=x, y=d["y"])).loss)
             train.destroy()
         assert results[0] == results[1] == results[2], results
+
+    run(go())
+
+
+def test_flat_nested_and_shaped_data_of_the_declared_layout_give_the_same_step(gpu_device
+                                                                                ) -> None:
+    """Flat data of the right size is read row-major, whatever its container; nested lists
+    and arrays of the declared shape are accepted; [N] data fits an [N, 1] input."""
+    async def go() -> None:
+        d = data()
+        ways = [{"x": d["x"], "y": d["y"]},
+                {"x": d["x"].reshape(-1), "y": d["y"].reshape(-1)},     # flat arrays
+                {"x": d["x"].tolist(), "y": d["y"].reshape(-1).tolist()},  # nested / flat lists
+                {"x": memoryview(d["x"]), "y": bytes(d["y"])}]          # a 2-D view, raw bytes
+        losses = []
+        for way in ways:
+            train = await compile_tiny(gpu_device)
+            result = await train.step(**way)
+            assert result.kind == "completed", result
+            losses.append(result.loss)
+            train.destroy()
+        assert len(set(losses)) == 1, losses
+
+    run(go())
+
+
+def test_a_standalone_forward_checks_uploaded_shapes(gpu_device) -> None:
+    async def go() -> None:
+        forward = await tg.compile_forward(model=TinyMLP(), forward=predict,
+                                           inputs={"x": (None, 2)}, device=gpu_device, seed=0)
+        params = await forward.download_params()
+        with pytest.raises(ShapeError, match=r"^upload_params 'l2\.W': got \[1, 8\], the "
+                           r"transpose of \[8, 1\]: pass w\.T"):
+            forward.upload_params({"l2.W": params["l2.W"].T.copy()}, partial=True)
+        await forward.upload_params({"l2.W": params["l2.W"].reshape(-1)}, partial=True)
+        out = await forward.run(x=np.ones((1, 2), np.float32))
+        assert out.kind == "completed" and out.output.shape == (1, 1), out
+        forward.destroy()
 
     run(go())
 
@@ -324,5 +393,87 @@ def test_a_none_dim_in_compile_names_the_public_calls_that_take_one(gpu_device) 
             result = await forward.run(x=np.zeros((n, 2), np.float32))
             assert result.kind == "completed" and result.output.shape == (n, 1), result
         train.destroy()
+
+    run(go())
+
+
+class Wide(tg.Module):
+    """`count` params of `n` values each (randn-initialised: making them is not free)."""
+
+    def __init__(self, n: int, count: int = 1) -> None:
+        self.ws = [self.param((n,)) for _ in range(count)]
+
+    def forward(self, x: tg.Tensor) -> tg.Tensor:
+        return x * tg.sum(self.ws[0])
+
+
+@pytest.mark.parametrize("case", ["a param over one binding", "params over one buffer"])
+def test_compile_forward_checks_device_limits_before_it_allocates(gpu_device, case) -> None:
+    """tg.compile_forward refuses what tg.compile refuses, with the same error, before the
+    param store creates (or fills) a buffer."""
+    limits = gpu_device.limits
+    if case == "a param over one binding":
+        model = Wide(limits.max_storage_buffer_binding_size // 4 + 1)
+        want = (r"^param: param 'ws\.0' f32\[\d+\] needs [\d,]+ bytes, more than the device's "
+                r"max_storage_buffer_binding_size of [\d,]+ bytes")
+    else:
+        per = min(limits.max_storage_buffer_binding_size, limits.max_buffer_size) // 4
+        model = Wide(per, count=limits.max_buffer_size // (4 * per) + 1)
+        want = (r"^param: the param arena \(\d+ f32 params, [\d,]+ values\) needs [\d,]+ bytes, "
+                r"more than the device's max_buffer_size of [\d,]+ bytes")
+
+    async def go() -> None:
+        created = gpu_device.counts["buffers created"]
+        t0 = time.perf_counter()
+        with pytest.raises(DeviceLimitError, match=want):
+            await tg.compile_forward(model=model, forward=lambda m, x: m(x),
+                                     inputs={"x": (2,)}, device=gpu_device, seed=0)
+        assert time.perf_counter() - t0 < 0.5
+        assert gpu_device.counts["buffers created"] == created
+        if case == "a param over one binding":  # tg.compile says the same
+            with pytest.raises(DeviceLimitError, match=want.replace("^param: ", "")):
+                await tg.compile(model=model, loss=lambda m, x: tg.mean(m(x)),
+                                 inputs={"x": (2,)}, optimizer=tg.optim.SGD(lr=0.1),
+                                 device=gpu_device)
+
+    run(go())
+
+
+@pytest.mark.parametrize("how", ["NativeDevice.destroy()", "the wgpu device's destroy()"])
+def test_a_lost_device_fails_every_call_by_name_and_a_new_device_works(monkeypatch, how
+                                                                        ) -> None:
+    """The native twin of the browser's test: once the device is lost, steps fail and the
+    other calls raise tg.DeviceLostError (not wgpu's GPUValidationError), and tg.compile
+    asks for a new default device."""
+    from tensorgrad import api
+    from tensorgrad.gpu.native import request_native_device
+
+    async def go() -> None:
+        device = await request_native_device()
+        monkeypatch.setattr(api, "_default_device", device)
+        train = await compile_tiny(None)
+        assert train.device is device and (await train.step(**data())).kind == "completed"
+        if how == "NativeDevice.destroy()":
+            device.destroy()
+            reason = r"destroyed"
+        else:
+            device.device.destroy()
+            reason = r"wgpu: .*device is lost"
+        lost = await train.step(**data())
+        assert isinstance(lost, tg.Failed) and isinstance(lost.error, tg.DeviceLostError), lost
+        assert re.match(rf"the GPU device was lost \({reason}\); its graphs cannot run any more: "
+                        r"compile again \(tg\.compile asks for a new default device\)",
+                        lost.message), lost.message
+        assert device.lost
+        for call in (train.download_params, lambda: train.upload_params(
+                {"l1.b": np.zeros(8, np.float32)}, partial=True),
+                     lambda: compile_tiny(device)):
+            with pytest.raises(tg.DeviceLostError, match=r"^the GPU device was lost"):
+                await call()
+        train.destroy()  # freeing on a lost device raises nothing
+        fresh = await compile_tiny(None)  # a new default device
+        assert fresh.device is not device and (await fresh.step(**data())).kind == "completed"
+        fresh.destroy()
+        fresh.device.destroy()
 
     run(go())

@@ -106,12 +106,34 @@ def test_reset_restores_the_initial_params(session) -> None:
                                               "inputs": {"x": [2, 3], "y": [2, 1]},
                                               "optimizer": {"kind": "lamb", "lr": 0.1}}},
      "ValueError", "unknown optimizer kind 'lamb' (known: ['adam', 'adamw', 'sgd'])"),
+    ({"id": 3, "kind": "compile", "payload": {"model": "Tiny()", "loss": "tiny_loss",
+                                              "inputs": {"x": [2, 3], "y": [2, 1]},
+                                              "optimizer": {"kind": "sgd", "lr": 0.1},
+                                              "seed": "abc"}},
+     "TypeError", "seed must be an int (32-bit), got 'abc' (str); pass an int, or None"),
+    ({"id": 3, "kind": "compile", "payload": {"model": "Tiny()", "loss": "tiny_loss",
+                                              "inputs": {"x": [2, 3], "y": [2, 1]},
+                                              "optimizer": {"kind": "sgd", "lr": 0.1},
+                                              "seed": 1.5}},
+     "TypeError", "seed must be an int (32-bit), got 1.5 (float)"),
+    ({"id": 3, "kind": "compile", "payload": {"model": "Tiny()", "loss": "tiny_loss",
+                                              "inputs": "x", "optimizer": {"kind": "sgd",
+                                                                           "lr": 0.1}}},
+     "ShapeError", "compile: inputs must be a dict {name: shape} or {name: (shape, dtype)}"),
 ])
 def test_bad_messages_are_answered_with_the_reason(session, message, name, text) -> None:
     reply = asyncio.run(worker.dispatch(message, session))
     assert reply["id"] == 3 and not reply["ok"]
     assert reply["error"]["name"] == name
     assert reply["error"]["message"].startswith(text), reply["error"]["message"]
+
+
+def test_a_whole_number_seed_from_js_is_an_int(session) -> None:
+    reply = call(session, "compile", {"model": "Tiny()", "loss": "tiny_loss",
+                                      "inputs": {"x": [2, 3], "y": [2, 1]},
+                                      "optimizer": {"kind": "sgd", "lr": 0.1}, "seed": 4.0})
+    assert reply["ok"], reply
+    assert session.graph(reply["result"]["graphId"]).obj.seed == 4
 
 
 def test_a_message_that_is_not_an_object(session) -> None:
@@ -156,3 +178,28 @@ def test_a_field_of_the_wrong_type_changes_nothing(session, kind, payload, messa
     after = call(session, "downloadParams", {"graphId": gid})["result"]
     assert {k: v.tolist() for k, v in after.items()} == before
     assert session.graph(gid).obj.step_count == 1
+
+
+def test_shaped_data_over_the_protocol_is_checked_against_the_declared_shape(session) -> None:
+    """A 2-D buffer reaches upload_params and step with its shape (the worker does not flatten
+    it first): a transposed one is refused, one of the declared shape or flat one is taken."""
+    info = compile_tiny(session, {"kind": "sgd", "lr": 0.1})
+    gid = info["graphId"]
+    w_t = memoryview(array.array("f", [1.0, 2.0, 3.0])).cast("B").cast("f", (1, 3))
+    reply = call(session, "uploadParams", {"graphId": gid, "params": {"fc.W": w_t},
+                                           "partial": True})
+    assert not reply["ok"] and reply["error"]["name"] == "ShapeError", reply
+    assert reply["error"]["message"].startswith(
+        "upload_params 'fc.W': got [1, 3], the transpose of [3, 1]: pass w.T"), reply
+    x_t = memoryview(X).cast("B").cast("f", (3, 2))
+    reply = call(session, "step", {"graphId": gid, "inputs": {"x": x_t, "y": Y}})
+    assert reply["ok"] and reply["result"]["kind"] == "failed", reply
+    assert reply["result"]["error"]["message"].startswith(
+        "input 'x': got [3, 2], the transpose of [2, 3]: pass x.T"), reply
+    w = memoryview(array.array("f", [1.0, 2.0, 3.0])).cast("B").cast("f", (3, 1))
+    reply = call(session, "uploadParams", {"graphId": gid, "params": {"fc.W": w},
+                                           "partial": True})
+    assert reply["ok"], reply
+    x = memoryview(X).cast("B").cast("f", (2, 3))
+    reply = call(session, "step", {"graphId": gid, "inputs": {"x": x, "y": Y}})
+    assert reply["ok"] and reply["result"]["kind"] == "completed", reply

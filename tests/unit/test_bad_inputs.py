@@ -5,6 +5,7 @@ browser-only ones in tests/browser/test_bad_inputs.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 import traceback
@@ -55,6 +56,40 @@ def training(model: tg.Module, loss: Callable[..., Any] = mse, inputs: Any = INP
     return lambda: compile_graph(
         Request("training", model, loss, inputs, optimizer=optimizer or tg.optim.SGD(lr=0.1)),
         Options(), until="optimizer")
+
+
+def compiling(**changes: Any) -> Callable[[], Any]:
+    """The user's ``await tg.compile(...)`` with these arguments changed (it fails before it
+    asks for a device)."""
+    kwargs = {"model": MLP(), "loss": mse, "inputs": INPUTS, "optimizer": tg.optim.SGD(lr=0.1),
+              **changes}
+    return lambda: asyncio.run(tg.compile(**kwargs))
+
+
+def forward_compiling(**changes: Any) -> Callable[[], Any]:
+    kwargs = {"model": MLP(), "forward": lambda m, x: m(x), "inputs": {"x": (None, 2)},
+              **changes}
+    return lambda: asyncio.run(tg.compile_forward(**kwargs))
+
+
+class Weighted(tg.Module):
+    """One param of three values with the given init."""
+
+    def __init__(self, init: Any, dtype: str = "f32") -> None:
+        self.w = self.param((3,), init=init, dtype=dtype)
+
+
+class Layers(tg.Module):
+    """Layers in a list that (by mistake) contains itself, or a dict that does."""
+
+    def __init__(self, container: str) -> None:
+        self.first = tg.Linear(2, 4)
+        if container == "list":
+            self.layers = [tg.Linear(4, 4)]
+            self.layers.append(self.layers)
+        else:
+            self.blocks = {"a": {"fc": tg.Linear(4, 4)}}
+            self.blocks["a"]["again"] = self.blocks
 
 
 def safetensors_file(header: Any, blob: bytes = b"", raw_header: bytes | None = None) -> bytes:
@@ -115,6 +150,57 @@ CATALOGUE = [
         ShapeError, r"^trace: input name 'x-1' must be a Python identifier"),
     Bad("inputs that are not a dict", training(MLP(), inputs=[(3, 2)]), ShapeError,
         r"^trace: inputs must be a dict \{name: shape\}"),
+    Bad("compile's inputs as a string", compiling(inputs="x"), ShapeError,
+        r"^compile: inputs must be a dict \{name: shape\} or \{name: \(shape, dtype\)\}, e\.g\. "
+        r"\{'x': \(32, 784\), 'y': \(\(32,\), 'i32'\)\}; got str 'x'"),
+    Bad("compile's inputs as a number", compiling(inputs=3), ShapeError,
+        r"^compile: inputs must be a dict \{name: shape\}.*; got int 3"),
+    Bad("compile's inputs as None", compiling(inputs=None), ShapeError,
+        r"^compile: inputs must be a dict \{name: shape\}.*; got NoneType None"),
+    Bad("compile_forward's inputs as a string", forward_compiling(inputs="x"), ShapeError,
+        r"^compile_forward: inputs must be a dict \{name: shape\}.*; got str 'x'"),
+    Bad("a seed that is a string", compiling(seed="abc"), TypeError,
+        r"^seed must be an int \(32-bit\), got 'abc' \(str\); pass an int, or None for a "
+        r"random seed"),
+    Bad("a seed that is a float", compiling(seed=2.5), TypeError,
+        r"^seed must be an int \(32-bit\), got 2\.5 \(float\)"),
+    Bad("a seed that is a bool", compiling(seed=True), TypeError,
+        r"^seed must be an int \(32-bit\), got True \(bool\)"),
+    Bad("compile_forward with a string seed", forward_compiling(seed="7"), TypeError,
+        r"^seed must be an int \(32-bit\), got '7' \(str\)"),
+    Bad("a NaN in a literal init", lambda: Weighted(tg.init.literal([1.0, float("nan"), 2.0])),
+        ShapeError, r"^Weighted\.param: init\.literal holds nan at flat index 1, which is not a "
+        r"finite f32 \(\|v\| <= 3\.402823e\+38\); params must start finite \(a non-finite "
+        r"param makes every loss NaN, whatever the learning rate\)\n  at .*test_bad_inputs\.py"),
+    Bad("a literal init beyond f32", lambda: Weighted(tg.init.literal([0.0, 1e39, 0.0])),
+        ShapeError, r"^Weighted\.param: init\.literal holds 1e\+39 at flat index 1, which is "
+        r"not a finite f32"),
+    Bad("an infinite randn scale", lambda: tg.Linear(2, 4, init=tg.init.randn(float("inf"))),
+        ShapeError, r"^Linear\.param: init\.randn\(scale=inf\) makes non-finite values \(the "
+        r"scale must be finite\); params must start finite.*\n  at .*test_bad_inputs\.py"),
+    Bad("a randn scale whose values overflow f32", lambda: Weighted(tg.init.randn(1e38)),
+        ShapeError, r"^Weighted\.param: init\.randn\(scale=1e\+38\) makes values up to "
+        r"6\.79e\+38, beyond f32's range \(3\.4e\+38\): they would be inf"),
+    Bad("a NaN kaiming gain", lambda: Weighted(tg.init.kaiming(float("nan"))), ShapeError,
+        r"^Weighted\.param: init\.kaiming\(gain=nan\) makes non-finite values"),
+    Bad("a fractional literal for an i32 param",
+        lambda: Weighted(tg.init.literal([1.5, 0, 0]), dtype="i32"), ShapeError,
+        r"^Weighted\.param: init\.literal holds 1\.5 at flat index 0, which is not an i32 "
+        r"\(a whole number in -2147483648\.\.2147483647\)\n  at "),
+    Bad("a non-finite init spec at compile (a ParamSpec made by hand)",
+        lambda: tg.init.init_params([tg.init.ParamSpec("enc.w", (4,),
+                                                       init=tg.init.Randn(float("nan")))], 0),
+        ShapeError, r"^param 'enc\.w': init\.randn\(scale=nan\) makes non-finite values"),
+    Bad("a list of layers that contains itself", lambda: Layers("list").param_names(),
+        ValueError, r"^Layers: 'layers\.1' is the list 'layers' again, which contains itself: "
+        r"a reference cycle through lists, tuples and dicts has no finite param names"),
+    Bad("a dict of layers that contains itself", training(Layers("dict")), ValueError,
+        r"^Layers: 'blocks\.a\.again' is the dict 'blocks' again, which contains itself"),
+    Bad("exporting with a weight in PyTorch's [out, in] layout",
+        lambda: tg.export.torch(MLP(), inputs={"x": (None, 2)}, params={
+            "l1.W": np.zeros((4, 2), np.float32), "l1.b": np.zeros(4, np.float32)}),
+        ShapeError, r"^param 'l1\.W': got \[4, 2\], the transpose of \[2, 4\]: pass w\.T \(a "
+        r"PyTorch Linear weight is \[out, in\]; tensorgrad's Linear weight is \[in, out\]\)"),
     Bad("input names that do not match the loss", training(MLP(), wrong_signature),
         TraceError, r"input name mismatch: the loss function wrong_signature\(m, x, z\) is "
         r"called as \(model, x=\.\.\., y=\.\.\.\), but it requires \['z'\]"),

@@ -142,7 +142,7 @@ def test_i32_where_f32_needed():
 
 
 def test_bad_seed():
-    with pytest.raises(TraceError, match=r"seed must be an int \(32-bit\), got 1.5"):
+    with pytest.raises(TypeError, match=r"seed must be an int \(32-bit\), got 1.5 \(float\)"):
         tg.trace(Lin(), mse, XY, seed=1.5)
 
 
@@ -188,3 +188,43 @@ def test_broadcast_mismatch_names_shapes():
 def test_op_outside_trace():
     with pytest.raises(TraceError, match="'relu' was called outside a trace"):
         tg.relu(None)
+
+
+# ---- tracebacks as the worker reports them -------------------------------------------------
+
+def test_user_traceback_ends_at_the_users_line() -> None:
+    """user_traceback (what the worker sends the page) keeps the user's frames only: the
+    event loop's and tensorgrad's are cut, in chained exceptions too."""
+    import asyncio
+
+    from tensorgrad.errors import user_traceback
+
+    def users_loss(m, x, y):
+        return tg.mean(m(x) - tg.reshape(y, (2, 3)))   # the user's mistake
+
+    async def main():
+        try:
+            tg.trace(Lin(), users_loss, XY, seed=0)
+        except ShapeError as err:
+            raise RuntimeError("training setup failed") from err
+
+    with pytest.raises(RuntimeError) as info:
+        asyncio.run(main())
+    text = user_traceback(info.value)
+    frames = [line.strip() for line in text.splitlines() if line.strip().startswith('File "')]
+    assert frames and all("test_errors.py" in f for f in frames), text
+    assert [f.rsplit(" in ", 1)[1] for f in frames] == [
+        "main", "users_loss",                                        # the ShapeError's
+        "test_user_traceback_ends_at_the_users_line", "main"], text  # the RuntimeError's
+    assert "ShapeError: sub: shapes" in text and "RuntimeError: training setup failed" in text
+
+
+def test_user_traceback_of_a_data_error_ends_at_the_users_call() -> None:
+    from tensorgrad.errors import user_traceback
+    from tensorgrad.hostdata import to_bytes
+
+    with pytest.raises(ShapeError) as info:
+        to_bytes("input 'x'", [1.0, 2.0], (3,), "f32")
+    text = user_traceback(info.value)
+    assert 'test_errors.py", line' in text.splitlines()[1], text  # the user's call first
+    assert "hostdata.py" not in text  # then nothing internal after it

@@ -25,11 +25,13 @@ from tensorgrad.autograd import append_grad
 from tensorgrad.errors import ShapeError
 from tensorgrad.gpu.interface import DeviceLimits
 from tensorgrad.ops import optim_ops as oo
+from tensorgrad.ops import update_check as uc
 from tensorgrad.ops.arena import pack as oo_pack
 from tensorgrad.ops.registry import record
 from tensorgrad.reference import evaluate
 from tensorgrad.tensor import leaf, tracing
 from tests.harness import Arg, Case
+from tests.harness import build as build_case
 from tests.unit.op_tests import forward_check, params_for
 
 # ---- primitive cases ------------------------------------------------------------------------
@@ -190,6 +192,113 @@ CASES += [
          [G, G, G, S, S, S, OK0], np_fn=lambda p, *_: p, grad=False,
          name="guarded-skip-eight-bindings"),
 ]
+# The update's trial (update_partials): what the update would write, in f32, checked finite
+# per interleaved slice. Values chosen so that one slice overflows (or holds a NaN).
+N7 = 700
+W7 = oo.guard_width([N7])
+TWOS = np.full(N7, 2.0, np.float32)
+SPIKE = TWOS.copy()
+SPIKE[650] = 1e10          # lr * 1e10 overflows f32 for lr = 1e30; its square overflows too
+SQ_SPIKE = TWOS.copy()
+SQ_SPIKE[123] = 1e22       # finite, but (1 - b2) g² = 1e41 is not: Adam's v would be inf
+NAN_G = TWOS.copy()
+NAN_G[5] = np.nan
+M_BIG = np.stack([np.full(N7, 10.0, np.float32), np.full(N7, 1e-6, np.float32)])  # m >> sqrt(v)
+P7, G7 = Arg((N7,), gen="unit"), Arg((N7,), gen="unit")
+V7 = Arg((N7,), gen="positive")
+LR_HUGE = Arg((), gen=np.float32(1e30))
+LRT_HUGE = Arg((), gen=np.float32(1e37))  # Adam: lrt m'/sqrt(v') ~ 1e37 * 146 overflows
+SGD_ATTRS = {"momentum": 0.0, "nesterov": False, "weight_decay": 0.0, "clip": None}
+ADAM_ATTRS = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "clip": None}
+
+
+def _f32(x):
+    return np.asarray(x, np.float32)
+
+
+def _sgd_trial(width, p, g, lr_, v=None, mu=0.0, nesterov=False, wd=0.0, gs=1.0):
+    with np.errstate(all="ignore"):
+        ge = _f32(_f32(g) * np.float32(gs) + np.float32(wd) * _f32(p))
+        outs, u = [g], ge
+        if v is not None:
+            vn = _f32(np.float32(mu) * _f32(v) + ge)
+            outs.append(vn)
+            u = _f32(ge + np.float32(mu) * vn) if nesterov else vn
+        outs.append(_f32(_f32(p) - np.float32(lr_) * u))
+        return _flags(width, *outs)
+
+
+def _adam_trial(width, p, g, m, v, lrt, shrink=1.0, gs=1.0, eps=1e-8, check_p=True):
+    with np.errstate(all="ignore"):
+        gg = _f32(_f32(g) * np.float32(gs))
+        m1 = _f32(np.float32(0.9) * _f32(m) + np.float32(1 - 0.9) * gg)
+        v1 = _f32(np.float32(0.999) * _f32(v) + np.float32(1 - 0.999) * (gg * gg))
+        outs = [g, m1, v1]
+        if check_p:
+            outs.append(_f32(np.float32(shrink) * _f32(p) - np.float32(lrt) * m1 /
+                             (np.sqrt(v1) + np.float32(eps))))
+        return _flags(width, *outs)
+
+
+def _sgd_check(p, g, lr_, v=None, **attrs):
+    return uc.update_partials("sgd", p, g, [("v", v)] if v is not None else [],
+                              [("lr", lr_)], {**SGD_ATTRS, **attrs}, (("w", 0, p.node.size),))
+
+
+def _adam_check(p, g, states, lrt, shrink=None, gnorm=None, gtotal=None, clip=None,
+                max_inputs=7):
+    return uc.update_partials("adam", p, g, states,
+                              [("lr", lrt), ("shrink", shrink), ("gnorm", gnorm),
+                               ("gtotal", gtotal)], {**ADAM_ATTRS, "clip": clip},
+                              (("w", 0, p.node.size),), max_inputs)
+
+
+CASES += [
+    Case("update_partials", lambda p, g, lr_: _sgd_check(p, g, lr_), [G, G, S],
+         np_fn=lambda p, g, lr_: _sgd_trial(1, p, g, lr_), grad=False, name="sgd-finite"),
+    Case("update_partials", lambda p, g, lr_: _sgd_check(p, g, lr_),
+         [P7, Arg((N7,), gen=SPIKE), LR_HUGE],
+         np_fn=lambda p, g, lr_: _sgd_trial(W7, p, g, lr_), grad=False, name="sgd-lr-overflow"),
+    Case("update_partials", lambda p, g, lr_: _sgd_check(p, g, lr_),
+         [P7, Arg((N7,), gen=NAN_G), S],
+         np_fn=lambda p, g, lr_: _sgd_trial(W7, p, g, lr_), grad=False, name="sgd-nan-grad"),
+    Case("update_partials",
+         lambda p, g, v, lr_, t: uc.update_partials(
+             "sgd", p, g, [("v", v)], [("lr", lr_), ("gtotal", t)],
+             {"momentum": 0.9, "nesterov": True, "weight_decay": 0.1, "clip": 0.5},
+             (("w", 0, N7),)),
+         [P7, Arg((N7,), gen=SPIKE), G7, LR_HUGE, Arg((), gen=np.float32(4.0))],
+         np_fn=lambda p, g, v, lr_, t: _sgd_trial(W7, p, g, lr_, v, 0.9, True, 0.1,
+                                                  _scale(None, t, 0.5)),
+         grad=False, name="sgd-nesterov-decay-clipped"),
+    Case("update_partials", lambda p, g, v, lr_: _sgd_check(p, g, lr_, v, momentum=0.9),
+         [G, G, G, S], np_fn=lambda p, g, v, lr_: _sgd_trial(1, p, g, lr_, v, 0.9),
+         grad=False, name="sgd-momentum-finite"),
+    Case("update_partials",
+         lambda p, g, mv, lrt, s, n, t: _adam_check(p, g, [("mv", mv)], lrt, s, n, t, 1.0),
+         [G, G, MV, S, Arg((), gen=np.float32(0.99)), S, Arg((), gen=np.float32(9.0))],
+         np_fn=lambda p, g, mv, lrt, s, n, t: _adam_trial(1, p, g, mv[0], mv[1], lrt, s,
+                                                          _scale(n, t, 1.0)),
+         grad=False, name="adam-packed-finite"),
+    Case("update_partials", lambda p, g, mv, lrt: _adam_check(p, g, [("mv", mv)], lrt),
+         [P7, Arg((N7,), gen=TWOS), Arg((2, N7), gen=M_BIG), LRT_HUGE],
+         np_fn=lambda p, g, mv, lrt: _adam_trial(W7, p, g, mv[0], mv[1], lrt), grad=False,
+         name="adam-lr-overflow"),
+    Case("update_partials",
+         lambda p, g, m, v, lrt: _adam_check(p, g, [("m", m), ("v", v)], lrt),
+         [P7, Arg((N7,), gen=SQ_SPIKE), G7, V7, S],
+         np_fn=lambda p, g, m, v, lrt: _adam_trial(W7, p, g, m, v, lrt), grad=False,
+         name="adam-split-v-overflow"),
+    Case("update_partials",  # 8 inputs for 7 slots: the new param is not tried
+         lambda p, g, m, v, lrt, s, n, t: _adam_check(p, g, [("m", m), ("v", v)], lrt, s, n,
+                                                      t, 2.0),
+         [P7, Arg((N7,), gen=SQ_SPIKE), Arg((N7,), gen=M_BIG[0]), Arg((N7,), gen=M_BIG[1]),
+          LRT_HUGE, Arg((), gen=np.float32(0.99)), Arg((), gen=np.float32(1.0)),
+          Arg((), gen=np.float32(1.0))],
+         np_fn=lambda p, g, m, v, lrt, s, n, t: _adam_trial(W7, p, g, m, v, lrt, s,
+                                                            _scale(n, t, 2.0), check_p=False),
+         grad=False, name="adam-eight-inputs-skips-p"),
+]
 CASES += [
     Case("pack", lambda a, b: oo_pack([a, b], (0, 64), 128), [G, Arg((5,))],
          np_fn=lambda a, b: np.concatenate([a.reshape(-1), np.zeros(52), b, np.zeros(59)]),
@@ -203,12 +312,26 @@ CASES += [
          name="total-of-10"),
 ]
 COVERS = ["grad_sumsq", "grad_norm_total", "adam_moments", "adam_update_p", "sgd_velocity",
-          "sgd_update_p", "finite_partials", "step_ok", "sumsq_partials", "pack", "copy"]
+          "sgd_update_p", "finite_partials", "step_ok", "sumsq_partials", "pack", "copy",
+          "update_partials"]
 
 
 @pytest.mark.parametrize("case", params_for(CASES))
 def test_primitive_forward(case: Case) -> None:
     forward_check(case)
+
+
+@pytest.mark.parametrize("name, zeros", [
+    ("sgd-finite", 0), ("sgd-lr-overflow", 1), ("sgd-nan-grad", 1),
+    ("sgd-nesterov-decay-clipped", 1), ("sgd-momentum-finite", 0), ("adam-packed-finite", 0),
+    ("adam-lr-overflow", W7), ("adam-split-v-overflow", 1), ("adam-eight-inputs-skips-p", 1)])
+def test_update_trial_cases_flag_what_they_mean_to(name: str, zeros: int) -> None:
+    """The trial cases really overflow where they say (in any order of the products: WGSL
+    may reassociate), so the kernel checks compare flags that matter."""
+    case = next(c for c in CASES if c.op == "update_partials" and c.name == name)
+    b = build_case(case)
+    flags = evaluate(b.graph, b.values)[b.out]
+    assert int((np.asarray(flags) == 0).sum()) == zeros, flags
 
 
 def test_cases_cover_every_primitive() -> None:

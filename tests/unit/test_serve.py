@@ -63,6 +63,18 @@ def test_paths_outside_the_tree_are_404(served, path: str) -> None:
     assert b"secret" not in body
 
 
+@pytest.mark.parametrize("path", ["/%00", "/ok.txt%00", "/app/%00/index.html", "/%2500%00x"])
+def test_a_nul_byte_in_the_path_is_a_400_and_no_traceback(served, capfd, path: str) -> None:
+    """os.path.realpath refuses a NUL byte: the request is answered 400 (not a dropped
+    connection with a traceback on the server's console), and the server goes on."""
+    host, port, _ = served
+    status, body = get(host, port, path)
+    assert status == 400 and b"NUL byte" in body, (status, body[:200])
+    assert get(host, port, "/ok.txt") == (200, b"served")
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ValueError" not in err, err
+
+
 def test_files_and_pages_inside_are_served(served) -> None:
     host, port, _ = served
     assert get(host, port, "/ok.txt") == (200, b"served")
