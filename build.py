@@ -6,6 +6,7 @@
     python build.py demo NAME            train a demo in headless Chromium, print its progress
     python build.py wheel                build dist/tensorgrad-*.whl
     python build.py web                  assemble dist/web/
+    python build.py lite                 dist/web/ plus the JupyterLite site dist/web/lite/
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, ClassVar
 
+import litebundle  # the JupyterLite site (beside this file)
 import webbundle  # the bundle's bytecode and Pyodide snapshot (beside this file)
 
 ROOT = Path(__file__).resolve().parent
@@ -126,6 +128,16 @@ def pytest_arguments(argv: list[str]) -> list[str] | None:
     if argv[:1] != ["test"] or argv[1:2] in (["-h"], ["--help"]):
         return None
     return argv[1:]
+
+
+def install_extra(extra: str) -> None:
+    """pip install the requirements of pyproject's optional-dependencies `extra` that are
+    missing (each pinned, so checked against the installed versions first)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project.get("optional-dependencies", {})[extra]
+    missing = [r for r in wanted if not _requirement_met(r)]
+    if missing:
+        run([sys.executable, "-m", "pip", "install", "-q", *missing])
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -423,8 +435,25 @@ def cmd_web(args: argparse.Namespace) -> int:
     return 0
 
 
+def build_lite() -> Path:
+    """The JupyterLite site dist/web/lite/ (litebundle.py), over an assembled dist/web/:
+    installs pyproject's `lite` extra first (pinned jupyterlite-core and its Pyodide kernel)."""
+    install_extra("lite")
+    manifest = json.loads((WEB / "manifest.json").read_text())
+    return litebundle.build_lite(WEB, ROOT, DIST / manifest["wheel"], CACHE / "pypi")
+
+
+def cmd_lite(args: argparse.Namespace) -> int:
+    build_web(snapshot=not args.no_snapshot)
+    print(build_lite())
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     build_web(snapshot=not args.no_snapshot)
+    if not args.no_lite:
+        build_lite()
+        print("JupyterLite notebooks at /lite/", flush=True)
     server = serve_web(args.port)
     print(f"serving {WEB} at {server_url(server)}  (Ctrl-C stops)", flush=True)
     try:
@@ -495,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("serve", help="build the wheel and dist/web/, serve it on 127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)
+    p.add_argument("--no-lite", action="store_true", help="skip the JupyterLite site (/lite/)")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("demo", help="train a demo in headless Chromium, print its progress")
     p.add_argument("name")
@@ -506,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("wheel", help="build dist/tensorgrad-*.whl")
     p.set_defaults(func=cmd_wheel)
+    p = sub.add_parser("lite", help="assemble dist/web/ and the JupyterLite site dist/web/lite/")
+    p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)
+    p.set_defaults(func=cmd_lite)
     p = sub.add_parser("web", help="assemble dist/web/")
     p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)
     p.set_defaults(func=cmd_web)
