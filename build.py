@@ -6,7 +6,8 @@
     python build.py demo NAME            train a demo in headless Chromium, print its progress
     python build.py wheel                build dist/tensorgrad-*.whl
     python build.py web                  assemble dist/web/
-    python build.py lite                 dist/web/ plus the JupyterLite site dist/web/lite/
+    python build.py lite                 dist/web/ plus the notebooks: JupyterLite in
+                                         dist/web/lite/, a marimo page in dist/web/marimo/
 """
 
 from __future__ import annotations
@@ -436,11 +437,14 @@ def cmd_web(args: argparse.Namespace) -> int:
 
 
 def build_lite() -> Path:
-    """The JupyterLite site dist/web/lite/ (litebundle.py), over an assembled dist/web/:
-    installs pyproject's `lite` extra first (pinned jupyterlite-core and its Pyodide kernel)."""
+    """The notebook sites (litebundle.py) over an assembled dist/web/: JupyterLite in
+    dist/web/lite/ and the marimo page in dist/web/marimo/; installs pyproject's `lite` extra
+    first (pinned jupyterlite-core, its Pyodide kernel, marimo)."""
     install_extra("lite")
     manifest = json.loads((WEB / "manifest.json").read_text())
-    return litebundle.build_lite(WEB, ROOT, DIST / manifest["wheel"], CACHE / "pypi")
+    wheel = DIST / manifest["wheel"]
+    litebundle.build_marimo(WEB, ROOT, wheel, CACHE / "pypi")
+    return litebundle.build_lite(WEB, ROOT, wheel, CACHE / "pypi")
 
 
 def cmd_lite(args: argparse.Namespace) -> int:
@@ -453,7 +457,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     build_web(snapshot=not args.no_snapshot)
     if not args.no_lite:
         build_lite()
-        print("JupyterLite notebooks at /lite/", flush=True)
+        print("notebooks: JupyterLite at /lite/, marimo at /marimo/", flush=True)
     server = serve_web(args.port)
     print(f"serving {WEB} at {server_url(server)}  (Ctrl-C stops)", flush=True)
     try:

@@ -216,3 +216,161 @@ def build_lite(web: Path, root: Path, wheel: Path, cache: Path) -> Path:
     os.replace(out, final)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+# ---- marimo --------------------------------------------------------------------------------
+# `marimo export html-wasm` (pyproject's `marimo` extra) writes a page whose worker bundles
+# Pyodide 314.0.0's JS loader, which refuses any other Pyodide core ("Pyodide version does not
+# match"), and would fetch that core from cdn.jsdelivr.net and its lock from wasm.marimo.app.
+# The page's <marimo-wasm> element takes both URLs: they point at a Pyodide 314.0.0 core from
+# npm (pyodide@314.0.0, same ABI as the bundle's) and a lock whose packages are PyPI's files.
+MARIMO_PYODIDE = "314.0.0"
+MARIMO_PYPI = {
+    "micropip": "0.11.1", "packaging": "26.1", "narwhals": "2.18.1", "jedi": "0.19.2",
+    "parso": "0.8.6", "pygments": "2.20.0", "docutils": "0.22.4", "pyodide-http": "0.2.2",
+    "marimo-base": "0.25.2", "markdown": "3.11.3", "pymdown-extensions": "10.21.2",
+    "tomlkit": "0.15.3", "python-multipart": "0.0.34", "itsdangerous": "2.2.0",
+}
+# compiled, as PyPI's pyemscripten_2026_0 wheel (the lock's 0.20.0 exists only on the CDN;
+# marimo-base wants >= 0.22)
+MARIMO_WASM = {"msgspec": "0.23.0"}
+# compiled in Pyodide's lock (CDN only) and imported by marimo at start: PyYAML's own pure-Python
+# implementation, from its PyPI sdist (it runs without the _yaml extension)
+PYYAML = "6.0.3"
+# lock entries the Pyodide lock lacks: {name: (imports, depends)}
+MARIMO_NEW = {
+    "marimo-base": (["marimo"], ["jedi", "markdown", "pymdown-extensions", "pygments", "tomlkit",
+                                 "python-multipart", "docutils", "itsdangerous", "narwhals",
+                                 "packaging", "msgspec", "pyyaml"]),
+    "markdown": (["markdown"], []), "pymdown-extensions": (["pymdownx"], ["markdown", "pyyaml"]),
+    "tomlkit": (["tomlkit"], []), "python-multipart": (["multipart", "python_multipart"], []),
+    "itsdangerous": (["itsdangerous"], []), "tensorgrad": (["tensorgrad"], []),
+}
+MARIMO_TAG = '<marimo-wasm hidden="">'
+
+
+def _pip_download(cache: Path, args: list[str]) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(cache), *args]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def _wasm_wheel(cache: Path, name: str, version: str) -> Path:
+    """PyPI's pyemscripten_2026_0 (Pyodide 314) wheel of a compiled package."""
+    pattern = f"{re.sub(r'[-_.]+', '_', name)}-{version}-cp314-cp314-pyemscripten_2026_0_wasm32.whl"
+    if not (cache / pattern).exists():
+        _pip_download(cache, ["--only-binary=:all:", "--platform", "pyemscripten_2026_0_wasm32",
+                              "--implementation", "cp", "--python-version", "3.14",
+                              f"{name}=={version}"])
+    return cache / pattern
+
+
+def pure_pyyaml_wheel(cache: Path) -> Path:
+    """A py3-none-any wheel of PyYAML's pure-Python package (lib/yaml of its PyPI sdist)."""
+    out = cache / f"pyyaml-{PYYAML}-py3-none-any.whl"
+    if out.exists():
+        return out
+    sdist = cache / f"pyyaml-{PYYAML}.tar.gz"
+    if not sdist.exists():
+        _pip_download(cache, ["--no-binary=:all:", "--no-build-isolation", f"pyyaml=={PYYAML}"])
+    import tarfile
+
+    files: dict[str, bytes] = {}
+    with tarfile.open(sdist) as tf:
+        for member in tf.getmembers():
+            parts = member.name.split("/")
+            if parts[1:3] == ["lib", "yaml"] and member.name.endswith(".py"):
+                files["yaml/" + "/".join(parts[3:])] = tf.extractfile(member).read()
+    if "yaml/__init__.py" not in files:
+        raise SystemExit(f"{sdist.name} has no lib/yaml/__init__.py")
+    info = f"pyyaml-{PYYAML}.dist-info"
+    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: PyYAML\nVersion: {PYYAML}\n".encode()
+    files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: tensorgrad litebundle.py\n"
+                              b"Root-Is-Purelib: true\nTag: py3-none-any\n")
+    _write_wheel(out, files, info)
+    return out
+
+
+def _write_wheel(path: Path, files: dict[str, bytes], info: str) -> None:
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    files = {**files, f"{info}/RECORD": ("\n".join([*record, f"{info}/RECORD,,"]) +
+                                         "\n").encode()}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            entry = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            entry.external_attr = 0o644 << 16
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(entry, data)
+
+
+def _marimo_core(cache: Path) -> Path:
+    """npm's pyodide@MARIMO_PYODIDE package folder (npm pack, unpacked once)."""
+    folder = cache / f"pyodide-{MARIMO_PYODIDE}"
+    if not (folder / "package" / "pyodide-lock.json").exists():
+        import tarfile
+
+        folder.mkdir(parents=True, exist_ok=True)
+        cmd = ["npm", "pack", f"pyodide@{MARIMO_PYODIDE}", "--silent",
+               "--pack-destination", str(folder)]
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        with tarfile.open(folder / f"pyodide-{MARIMO_PYODIDE}.tgz") as tf:
+            tf.extractall(folder, filter="data")
+    return folder / "package"
+
+
+def _marimo_lock(core: Path, npm_core: Path, wheels: list[Path]) -> None:
+    """The served lock: Pyodide's, with every package the page loads pointed at `wheels`."""
+    lock = json.loads((npm_core / "pyodide-lock.json").read_text())
+    packages = lock["packages"]
+    by_name = {_norm(k): k for k in packages}
+    for whl in wheels:
+        name, version = whl.name.split("-")[:2]
+        key = by_name.get(_norm(name), _norm(name))
+        new = MARIMO_NEW.get(_norm(name))
+        entry = packages.get(key) or {
+            "name": key, "install_dir": "site", "package_type": "package",
+            "unvendored_tests": False, "imports": new[0], "depends": new[1]}
+        if _norm(name) == "pyyaml":
+            entry["imports"] = ["yaml"]
+        shutil.copy2(whl, core / whl.name)
+        entry.update(version=version, file_name=whl.name, sha256=_sha256(whl))
+        packages[key] = entry
+    (core / "pyodide-lock.json").write_text(json.dumps(lock))
+
+
+def build_marimo(web: Path, root: Path, wheel: Path, cache: Path) -> Path:
+    """`marimo export html-wasm` of notebooks/marimo_mlp.py into `web`/marimo/, with its
+    Pyodide and every package it loads served from there (see the notes above)."""
+    work = web / f".marimo.{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    cmd = [sys.executable, "-m", "marimo", "export", "html-wasm",
+           str(root / "notebooks" / "marimo_mlp.py"), "-o", str(work), "--mode", "run"]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, env={**os.environ, "MARIMO_SKIP_UPDATE_CHECK": "1"})
+    (work / "CLAUDE.md").unlink(missing_ok=True)  # marimo's note for coding agents
+    npm_core = _marimo_core(cache)
+    core = work / "pyodide"
+    core.mkdir()
+    for name in ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip"):
+        shutil.copy2(npm_core / name, core / name)
+    wheels = [fetch_pypi_wheel(cache, n, v) for n, v in MARIMO_PYPI.items()]
+    wheels += [_wasm_wheel(cache, n, v) for n, v in MARIMO_WASM.items()]
+    wheels += [pure_pyyaml_wheel(cache), wheel]
+    _marimo_lock(core, npm_core, wheels)
+    page = (work / "index.html").read_text()
+    if page.count(MARIMO_TAG) != 1:
+        raise SystemExit(f"marimo's page has no single {MARIMO_TAG}: its runtime's URLs "
+                         "cannot be set (another marimo version?)")
+    (work / "index.html").write_text(page.replace(MARIMO_TAG, (
+        '<marimo-wasm hidden="" data-pyodide-index-url="./pyodide/" '
+        'data-pyodide-lockfile-url="./pyodide/pyodide-lock.json">')))
+    final, old = web / "marimo", web / f".marimo-old.{os.getpid()}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(work, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final

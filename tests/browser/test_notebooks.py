@@ -214,3 +214,38 @@ def test_export_pytorch_notebook(notebook: Any, tmp_path: Path) -> None:
     xs = torch.tensor([-1.5, -0.5, 0.0, 0.5, 1.5]).reshape(-1, 1)
     got = model(xs).detach().reshape(-1).tolist()
     assert max(abs(a - b) for a, b in zip(got, predictions)) < 1e-5, (got, predictions)
+
+
+def test_marimo_page_trains_offline(browser: Any, lite_url: str) -> None:
+    """notebooks/marimo_mlp.py exported with `marimo export html-wasm` (dist/web/marimo/):
+    marimo's WebAssembly runtime, its Pyodide and every package come from the bundle, and the
+    MLP trains in-process in marimo's worker to a loss below 0.01."""
+    import build
+    import litebundle
+
+    base = lite_url.removesuffix("lite/") + "marimo/"
+    lock = json.loads((build.WEB / "marimo" / "pyodide" / "pyodide-lock.json").read_text())
+    assert "https://" not in json.dumps(lock) and "marimo-base" in lock["packages"]
+    page = (build.WEB / "marimo" / "index.html").read_text()
+    assert 'data-pyodide-index-url="./pyodide/"' in page and litebundle.MARIMO_PYODIDE
+    tab = browser.new_page()
+    requests: list[str] = []
+    tab.on("request", lambda r: requests.append(r.url))
+    t0 = time.perf_counter()
+    try:
+        tab.goto(base)
+        tab.wait_for_function("/final loss|Traceback|Error/.test(document.body.innerText)",
+                              timeout=600_000)
+        text = tab.evaluate("document.body.innerText")
+    finally:
+        tab.close()
+    print(f"\nmarimo page: {time.perf_counter() - t0:.1f} s")
+    final = re.search(r"final loss (\d+\.\d+) after (\d+) steps on (.+)", text)
+    assert final, text[-2000:]
+    print(final[0])
+    assert float(final[1]) < 0.01 and final[3].strip() == ADAPTER, final[0]
+    assert re.search(r"WebGPU ready: google swiftshader \(in-process", text), text[-2000:]
+    host = urlparse(base).netloc
+    foreign = [u for u in requests if urlparse(u).scheme in ("http", "https", "ws", "wss")
+               and urlparse(u).netloc != host]
+    assert not foreign, foreign
