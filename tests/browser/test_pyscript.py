@@ -201,6 +201,11 @@ def test_pyscript_worker_demo_trains_in_process_while_the_page_ticks(
     assert config == {"interpreter": "../../pyodide/pyodide.mjs",
                       "files": {f"../../{wheel}": f"./{wheel}"},
                       "packages": [f"emfs:./{wheel}"]}, config
+    # the guide documents this very config
+    guide = (ROOT / "docs" / "guides" / "notebooks.md").read_text()
+    section = guide.split("\n## PyScript, in a worker", 1)[1].split("\n## ", 1)[0]
+    documented = re.search(r"```json\n(.*?)```", section, re.DOTALL)
+    assert documented and json.loads(documented[1]) == config, "the guide's config differs"
     w = watched()
     t0 = time.perf_counter()
     w.page.goto(f"{web_url}demos/pyscript_worker/")
