@@ -7,6 +7,8 @@
     python build.py wheel                build dist/tensorgrad_webgpu-*.whl
     python build.py web                  assemble dist/web/
     python build.py docs                 build the documentation site into dist/docs/
+    python build.py lite                 dist/web/ plus the notebooks: JupyterLite in
+                                         dist/web/lite/, a marimo page in dist/web/marimo/
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, ClassVar
 
+import litebundle  # the JupyterLite site (beside this file)
 import webbundle  # the bundle's bytecode and Pyodide snapshot (beside this file)
 
 ROOT = Path(__file__).resolve().parent
@@ -151,6 +154,16 @@ def pytest_arguments(argv: list[str]) -> list[str] | None:
     if argv[:1] != ["test"] or argv[1:2] in (["-h"], ["--help"]):
         return None
     return argv[1:]
+
+
+def install_extra(extra: str) -> None:
+    """pip install the requirements of pyproject's optional-dependencies `extra` that are
+    missing (each pinned, so checked against the installed versions first)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project.get("optional-dependencies", {})[extra]
+    missing = [r for r in wanted if not _requirement_met(r)]
+    if missing:
+        run([sys.executable, "-m", "pip", "install", "-q", *missing])
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -552,13 +565,33 @@ def cmd_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def build_lite() -> Path:
+    """The notebook sites (litebundle.py) over an assembled dist/web/: JupyterLite in
+    dist/web/lite/ and the marimo page in dist/web/marimo/; installs pyproject's `lite` extra
+    first (pinned jupyterlite-core, its Pyodide kernel, marimo)."""
+    install_extra("lite")
+    manifest = json.loads((WEB / "manifest.json").read_text())
+    wheel = DIST / manifest["wheel"]
+    litebundle.build_marimo(WEB, ROOT, wheel, CACHE / "pypi")
+    return litebundle.build_lite(WEB, ROOT, wheel, CACHE / "pypi")
+
+
+def cmd_lite(args: argparse.Namespace) -> int:
+    build_web(snapshot=not args.no_snapshot)
+    print(build_lite())
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     build_web(snapshot=not args.no_snapshot)
     build_docs()
+    if not args.no_lite:
+        build_lite()
     server = serve_web(args.port, mounts={"/docs/": DOCS})
     url = server_url(server)
-    print(f"serving {WEB} at {url}  (the docs at {url}docs/, the demos at {url}demos/; "
-          "Ctrl-C stops)", flush=True)
+    print(f"serving {WEB} at {url}  (the docs at {url}docs/, the demos at {url}demos/"
+          + ("" if args.no_lite else f", JupyterLite at {url}lite/, marimo at {url}marimo/")
+          + "; Ctrl-C stops)", flush=True)
     try:
         while True:
             time.sleep(3600)
@@ -628,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
                        "127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)
+    p.add_argument("--no-lite", action="store_true", help="skip the JupyterLite site (/lite/)")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("demo", help="train a demo in headless Chromium, print its progress")
     p.add_argument("name")
@@ -639,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("wheel", help="build dist/tensorgrad_webgpu-*.whl")
     p.set_defaults(func=cmd_wheel)
+    p = sub.add_parser("lite", help="assemble dist/web/ and the JupyterLite site dist/web/lite/")
+    p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)
+    p.set_defaults(func=cmd_lite)
     p = sub.add_parser("web", help="assemble dist/web/")
     p.add_argument("--no-snapshot", action="store_true", help=NO_SNAPSHOT_HELP)
     p.set_defaults(func=cmd_web)

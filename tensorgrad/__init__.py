@@ -12,6 +12,7 @@ from .errors import (
                      AbortError,
                      DeviceLimitError,
                      DeviceLostError,
+                     MainThreadError,
                      PlanError,
                      ProtocolError,
                      RemoteError,
@@ -33,8 +34,9 @@ from .version import __version__ as __version__
 
 __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
     "AbortError", "Aborted", "Captures", "Completed", "Conv2d", "DeviceLimitError",
-    "DeviceLostError", "Embedding", "Failed", "Forward", "LayerNorm", "Linear", "Module",
-    "PlanError", "ProtocolError", "RMSNorm", "RemoteError", "Result", "SafetensorsError", "ShaderCompileError", "ShapeError",
+    "DeviceLostError", "Embedding", "Failed", "Forward", "LayerNorm", "Linear", "MainThreadError",
+    "Module", "PlanError", "ProtocolError", "RMSNorm", "RemoteError", "Result", "SafetensorsError",
+    "ShaderCompileError", "ShapeError",
     "Tensor", "TraceError", "Training", "WebGPUSupport", "check_webgpu", "compile",
     "compile_forward", "default_device", "export", "init",
     "load_safetensors", "lr", "ops", "optim", "save_safetensors", "single_flight", "trace",

@@ -5,7 +5,8 @@ the user's line), :class:`DeviceLimitError` (a tensor too large for the device),
 :class:`TraceError` (misuse of the tracer), :class:`ShaderCompileError` (a kernel's WGSL was
 rejected), :class:`PlanError` (an internal inconsistency in a buffer plan).
 Running it: :class:`AbortError` (the graph was replaced or destroyed meanwhile; ``step`` and
-``run`` report it as ``Aborted()``), :class:`DeviceLostError` (the GPU device is gone).
+``run`` report it as ``Aborted()``), :class:`DeviceLostError` (the GPU device is gone),
+:class:`MainThreadError` (in-process GPU use asked for on a web page's main thread).
 Across the worker boundary: :class:`ProtocolError` (a message the protocol table does not
 allow) and :class:`RemoteError`, raised on the page for an exception of the
 worker, which travels as its class name; :func:`remote_error` maps that name back to the class
@@ -24,9 +25,10 @@ import sysconfig
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ERRORS", "AbortError", "DeviceLimitError", "DeviceLostError", "PlanError",
-           "ProtocolError", "RemoteError", "SafetensorsError", "ShaderCompileError", "ShapeError",
-           "TraceError", "error_class", "remote_error", "user_call_site", "user_traceback"]
+__all__ = ["ERRORS", "AbortError", "DeviceLimitError", "DeviceLostError", "MainThreadError",
+           "PlanError", "ProtocolError", "RemoteError", "SafetensorsError", "ShaderCompileError",
+           "ShapeError", "TraceError", "error_class", "remote_error", "user_call_site",
+           "user_traceback"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -156,6 +158,13 @@ class DeviceLostError(RuntimeError):
     on its graphs fails with this; start a new session (or device) to go on."""
 
 
+class MainThreadError(RuntimeError):
+    """In-process GPU use (``tg.compile``, ``tg.compile_forward``, a device) was asked for in a
+    Pyodide that runs on a web page's main thread. tensorgrad runs in-process only inside a Web
+    Worker (PyScript's ``<script type="py" worker>``, JupyterLite's kernel, a worker of your
+    own); on the page, ``tensorgrad.web.start()`` runs it in a dedicated worker."""
+
+
 # ---- checkpoints ---------------------------------------------------------------------------
 
 class SafetensorsError(ValueError):
@@ -201,7 +210,7 @@ class RemoteError(Exception):
 
 ERRORS: dict[str, type[Exception]] = {cls.__name__: cls for cls in (
     ShapeError, DeviceLimitError, TraceError, ShaderCompileError, PlanError, AbortError,
-    DeviceLostError, ProtocolError, RemoteError, SafetensorsError)}
+    DeviceLostError, MainThreadError, ProtocolError, RemoteError, SafetensorsError)}
 _REMOTE_CLASSES: dict[str, type[RemoteError]] = {}
 
 

@@ -260,7 +260,7 @@ export async function probeAdapter() {
   if (!gpu) {
     return { ok: false, reason: "no-webgpu", message: "WebGPU is not available here " +
       "(navigator.gpu is missing): use a browser with WebGPU, served from https:// or " +
-      "http://127.0.0.1" };
+      "http://127.0.0.1", ...where() };
   }
   for (const delay of [0, 100, 400]) {
     if (delay) await new Promise((resolve) => setTimeout(resolve, delay));
@@ -268,9 +268,18 @@ export async function probeAdapter() {
     if (adapter) {
       const info = adapter.info ?? {};
       const name = [info.vendor, info.architecture].filter(Boolean).join(" ") || "an adapter";
-      return { ok: true, message: `WebGPU ready: ${name}` };
+      return { ok: true, message: `WebGPU ready: ${name}`, adapter: name, ...where() };
     }
   }
   return { ok: false, reason: "no-adapter", message: "WebGPU is present but found no GPU " +
-    "adapter (blocked or unsupported GPU; on Linux, Chrome needs --enable-unsafe-webgpu)" };
+    "adapter (blocked or unsupported GPU; on Linux, Chrome needs --enable-unsafe-webgpu)",
+    ...where() };
+}
+
+// What the in-process path depends on besides the adapter: whether this browser has JSPI
+// (WebAssembly.Suspending, which Pyodide's run_sync needs) and whether the page is
+// cross-origin isolated (tensorgrad does not need it; reported for completeness).
+function where() {
+  return { jspiBrowser: typeof globalThis.WebAssembly?.Suspending === "function",
+           crossOriginIsolated: Boolean(globalThis.crossOriginIsolated) };
 }

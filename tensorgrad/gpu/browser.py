@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ..errors import DeviceLostError, ShaderCompileError
+from ..errors import DeviceLostError, MainThreadError, ShaderCompileError
 from .interface import (
     WANTED_FEATURES,
     AdapterInfo,
@@ -28,7 +28,8 @@ from .interface import (
     split_slice,
 )
 
-__all__ = ["BrowserDevice", "BrowserProgram", "probe_browser", "request_browser_device"]
+__all__ = ["MAIN_THREAD_HELP", "BrowserDevice", "BrowserProgram", "browser_mode", "probe_browser",
+           "request_browser_device"]
 
 # Device limits requested at the adapter's maximum (the names of DeviceLimits, in JS).
 _LIMITS = {
@@ -291,16 +292,66 @@ def _raise_if_errors(messages: Any, wgsl: str, label: str) -> None:
         raise ShaderCompileError(label, wgsl, found)
 
 
+# Why a main-thread Pyodide does not use the GPU in-process, and what to do instead.
+MAIN_THREAD_HELP = (
+    "this Pyodide runs on the web page's main thread, where tensorgrad does not use the GPU "
+    "in-process (compiling a model is seconds of Python, and the page would freeze meanwhile). "
+    "Either start tensorgrad's dedicated worker from here: `session = await "
+    "tensorgrad.web.start()`, then `await session.exec(model_source)` and `train = await "
+    "session.compile(model=..., loss=..., inputs=..., optimizer=...)` (or "
+    "`session.run_script(source)`); or run this code in a Web Worker, where `tg.compile` runs "
+    "in-process on the worker's own navigator.gpu: PyScript's `<script type=\"py\" worker>`, "
+    "JupyterLite's Pyodide kernel, or a worker of your own that loads Pyodide")
+
+
+def browser_mode() -> str:
+    """"worker" where this Pyodide runs in a Web Worker (or in a JS runtime without a page),
+    "main-thread" on a web page's main thread."""
+    import js
+
+    if hasattr(js, "WorkerGlobalScope") or not hasattr(js, "document"):
+        return "worker"
+    return "main-thread"
+
+
+def _jspi_note(jspi: bool, browser_has_jspi: bool) -> str:
+    if jspi:
+        return "JSPI: yes, kernels compile in parallel"
+    why = ("this call cannot wait on a promise synchronously (not entered through "
+           "runPythonAsync)" if browser_has_jspi else "this browser has no JSPI "
+           "(WebAssembly.Suspending)")
+    return (f"JSPI: no, {why}: kernels compile one at a time and a shader error is reported at "
+            "the first step rather than at compile")
+
+
 async def probe_browser() -> WebGPUSupport:
-    """A :class:`~tensorgrad.gpu.WebGPUSupport` for ``navigator.gpu`` (no device is made)."""
+    """A :class:`~tensorgrad.gpu.WebGPUSupport` for ``navigator.gpu`` (no device is made): the
+    mode (a worker, or a page's main thread, where the answer is no: see
+    :data:`MAIN_THREAD_HELP`), the adapter and whether JSPI is usable."""
+    from pyodide.ffi import can_run_sync
+
+    mode, jspi = browser_mode(), bool(can_run_sync())
     got = (await (await _js_helper()).probeAdapter()).to_py()
-    return WebGPUSupport(bool(got["ok"]), str(got["message"]), got.get("reason"))
+    adapter = str(got.get("adapter") or "")
+    if mode == "main-thread":
+        found = f"WebGPU is here ({adapter})" if got["ok"] else str(got["message"])
+        return WebGPUSupport(False, f"{found}, but {MAIN_THREAD_HELP}", "main-thread",
+                             mode=mode, adapter=adapter, jspi=jspi)
+    if not got["ok"]:
+        return WebGPUSupport(False, str(got["message"]), got.get("reason"), mode=mode,
+                             jspi=jspi)
+    note = _jspi_note(jspi, bool(got.get("jspiBrowser")))
+    return WebGPUSupport(True, f"WebGPU ready: {adapter} (in-process, on this Web Worker's "
+                         f"navigator.gpu; {note})", mode=mode, adapter=adapter, jspi=jspi)
 
 
 async def request_browser_device() -> BrowserDevice:
-    """Request a WebGPU device from ``navigator.gpu`` at the adapter's limits."""
+    """Request a WebGPU device from ``navigator.gpu`` at the adapter's limits. Raises
+    :class:`~tensorgrad.errors.MainThreadError` on a web page's main thread."""
     from pyodide.ffi import to_js
 
+    if browser_mode() == "main-thread":
+        raise MainThreadError(f"tensorgrad cannot compile or run here: {MAIN_THREAD_HELP}")
     helper = await _js_helper()
     got = await helper.requestDevice(to_js(list(_LIMITS.values())), to_js(list(WANTED_FEATURES)))
     limits = DeviceLimits(**{py: int(getattr(got.limits, js)) for py, js in _LIMITS.items()})

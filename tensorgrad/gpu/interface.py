@@ -55,11 +55,23 @@ class AdapterInfo:
 @dataclass(frozen=True)
 class WebGPUSupport:
     """Whether WebGPU can run tensorgrad here: `ok`, a message for a person, and when not ok
-    a `reason`: "no-webgpu" (no WebGPU API at all) or "no-adapter" (no usable GPU adapter)."""
+    a `reason`: "no-webgpu" (no WebGPU API at all), "no-adapter" (no usable GPU adapter) or
+    "main-thread" (a Pyodide on a page's main thread: use ``tensorgrad.web.start()``).
+
+    `mode` says where tensorgrad would run: "native" (wgpu-py in CPython), "worker" (in-process,
+    on the ``navigator.gpu`` of the Web Worker this Pyodide runs in), "main-thread" (a page's
+    main thread, where tensorgrad runs only in its dedicated worker) or "dedicated-worker"
+    (``tensorgrad.web.check_webgpu()``: the page's probe for that worker); "" when unknown.
+    `adapter` names the adapter found ("google swiftshader"). `jspi` (browser only): whether
+    this Pyodide call can wait on a JS promise synchronously (JSPI), which lets a compile
+    build its kernels in parallel and report a shader error at once; None natively."""
 
     ok: bool
     message: str
     reason: str | None = None
+    mode: str = ""
+    adapter: str = ""
+    jspi: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -791,7 +791,8 @@ async def probe_native(backend: str | None = None) -> WebGPUSupport:
     try:
         wgpu = _import_backend(backend)
     except ImportError as err:
-        return WebGPUSupport(False, f"WebGPU is not available natively: {err}", "no-webgpu")
+        return WebGPUSupport(False, f"WebGPU is not available natively: {err}", "no-webgpu",
+                             mode="native")
     note = configure_vulkan_driver(wgpu.__name__)
     try:
         adapter = await _pick_adapter(wgpu)
@@ -802,11 +803,13 @@ async def probe_native(backend: str | None = None) -> WebGPUSupport:
     if adapter is None:
         return WebGPUSupport(False, f"{wgpu.__name__} found no WebGPU adapter ({why}); Vulkan "
                              f"driver: {note}. Install libvulkan1 and mesa-vulkan-drivers, or "
-                             "set VK_ICD_FILENAMES to a driver manifest.", "no-adapter")
+                             "set VK_ICD_FILENAMES to a driver manifest.", "no-adapter",
+                             mode="native")
     info = dict(adapter.info)
     name = info.get("device") or info.get("vendor") or "an adapter"
     return WebGPUSupport(True, f"WebGPU ready: {name} ({info.get('adapter_type', '?')}, "
-                         f"{wgpu.__name__})")
+                         f"{wgpu.__name__}; native, in this process)", mode="native",
+                         adapter=str(name))
 
 
 async def request_native_device(backend: str | None = None,

@@ -488,4 +488,4 @@ async def check_webgpu(client_url: str | None = None) -> WebGPUSupport:
     client = await _import_client(js, client_url)
     got = from_js(await _call(client.checkWebGPU()))
     return WebGPUSupport(bool(got.get("ok")), str(got.get("message") or ""),
-                         got.get("reason"))
+                         got.get("reason"), mode="dedicated-worker")

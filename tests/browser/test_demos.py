@@ -119,7 +119,7 @@ def check_log_is_console(demo: DemoPage) -> list[str]:
 
 ALL_DEMOS = ("mlp_sin", "addition_transformer", "makemore", "pokeformer", "digit_canvas",
              "mnist_cnn", "flow_matching", "vae", "nerf", "kan", "cartpole", "tic_tac_toe",
-             "pyscript_mlp")  # the twelve upstream samples, and the PyScript page
+             "pyscript_mlp", "pyscript_worker")  # the twelve upstream samples, the PyScript pages
 
 
 def test_index_links_to_every_demo_with_a_thumbnail(web_url: str) -> None:

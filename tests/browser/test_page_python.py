@@ -386,9 +386,11 @@ def test_check_webgpu_from_python_on_the_page(page_python: PythonPage,
 import json
 import tensorgrad.web
 support = await tensorgrad.web.check_webgpu()
-json.dumps([type(support).__name__, support.ok, support.reason, support.message])
+json.dumps([type(support).__name__, support.ok, support.reason, support.message,
+            support.mode])
 """)
     assert out[:3] == ["WebGPUSupport", True, None] and out[3].startswith("WebGPU ready"), out
+    assert out[4] == "dedicated-worker", out  # the page's probe is for tensorgrad's worker
 
 
 def test_errors_scripts_and_terminate(page_python: PythonPage, started: dict[str, Any]) -> None:

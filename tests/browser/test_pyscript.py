@@ -5,6 +5,10 @@ Pyodide are served from dist/web/, and every request must go to the local server
   in tensorgrad's worker to a mean loss < 0.01, draws the plots (screenshot pixels checked),
   keeps the page responsive (a 20 ms heartbeat timer measured during training), and exports
   the trained model to PyTorch, which loads here and reproduces the page's predictions.
+* demos/pyscript_worker/: a PyScript worker (`<script type="py" worker>`) trains in-process on
+  its own WebGPU to a mean loss < 0.01 while the page's 20 ms timer keeps ticking; the page
+  draws the worker's results; its config is the documented one (the wheel by "files", then
+  "emfs:").
 (The PyScript guide's page, docs/guides/pyscript.md, runs in tests/browser/test_docs_examples.py
 with every other html block of the docs.)
 """
@@ -173,5 +177,66 @@ def test_pyscript_mlp_demo_trains_plots_stays_responsive_and_exports(
     print(f"exported model vs the page's GPU predictions: max abs {err:.2e}")
     assert err < 1e-5, err
 
+    assert not w.foreign_requests(web_url), w.foreign_requests(web_url)
+    assert not w.errors, w.errors
+
+
+def heartbeat_gaps(page: Any) -> dict[str, Any]:
+    """The 20 ms heartbeat (HEARTBEAT) between window.tgTraining's start and end."""
+    return page.evaluate("""() => {
+      const { start, end } = window.tgTraining;
+      const b = window.__beats.filter((t) => t >= start && t <= end);
+      const gaps = b.slice(1).map((t, i) => t - b[i]);
+      gaps.sort((x, y) => x - y);
+      return { beats: b.length, max: gaps.at(-1), p99: gaps[Math.floor(gaps.length * 0.99)],
+               span: end - start };
+    }""")
+
+
+def test_pyscript_worker_demo_trains_in_process_while_the_page_ticks(
+        watched: Any, web_url: str, tmp_path: Path) -> None:
+    import build
+
+    wheel = json.loads((build.WEB / "manifest.json").read_text())["wheel"]
+    config = json.loads((ROOT / "demos" / "pyscript_worker" / "pyscript.json").read_text())
+    assert config == {"interpreter": "../../pyodide/pyodide.mjs",
+                      "files": {f"../../{wheel}": f"./{wheel}"},
+                      "packages": [f"emfs:./{wheel}"]}, config
+    # the guide documents this very config
+    guide = (ROOT / "docs" / "guides" / "notebooks.md").read_text()
+    section = guide.split("\n## PyScript, in a worker", 1)[1].split("\n## ", 1)[0]
+    documented = re.search(r"```json\n(.*?)```", section, re.DOTALL)
+    assert documented and json.loads(documented[1]) == config, "the guide's config differs"
+    w = watched()
+    t0 = time.perf_counter()
+    w.page.goto(f"{web_url}demos/pyscript_worker/")
+    w.page.wait_for_function("window.tgDemo && window.tgDemo.done", timeout=WAIT_MS)
+    state = w.page.evaluate("window.tgDemo")
+    assert state["ok"], f"{state.get('error')}\n" + "\n".join(w.errors + w.console[-30:])
+    fig = state["figures"]
+    print(f"\npyscript_worker: {fig} (page wall {time.perf_counter() - t0:.1f} s)")
+    assert fig["mode"] == "worker" and fig["device"] == "google swiftshader (browser)", fig
+    assert fig["steps_to_target"] is not None and fig["loss_avg10"] < 0.01, fig
+    assert fig["fit_mse"] < 0.02, fig
+    log = w.page.evaluate("document.getElementById('log').textContent")
+    assert re.search(r"WebGPU ready: google swiftshader \(in-process, on this Web Worker", log)
+    # the page's own timer kept firing while the worker trained (counted, and its gaps)
+    gaps = heartbeat_gaps(w.page)
+    print(f"heartbeat during training (20 ms timer): {gaps}; the page's own timer ticked "
+          f"{fig['ticks']} times meanwhile")
+    assert fig["ticks"] > 0.5 * gaps["span"] / 20, (fig, gaps)
+    assert gaps["beats"] > 0.5 * gaps["span"] / 20 and gaps["p99"] < 250, gaps
+    assert gaps["max"] < 1000, gaps
+    # the plots, drawn on the page from the worker's numbers
+    png = w.page.screenshot(path=str(tmp_path / "pyscript_worker.png"), full_page=True)
+    px = w.page.evaluate(PIXELS, {"png": base64.b64encode(png).decode(),
+                                  "rects": w.page.evaluate(RECTS, ["loss", "fit"]),
+                                  "colors": {"blue": LOSS_BLUE, "orange": FIT_ORANGE,
+                                             "gray": SIN_GRAY}})
+    print(f"screenshot pixels: {px}")
+    assert px["loss"]["blue"] > 300, px
+    assert px["fit"]["orange"] > 300 and px["fit"]["gray"] > 300, px
+    assert int(w.page.evaluate("document.getElementById('loss').dataset.points")) == \
+        fig["steps"]
     assert not w.foreign_requests(web_url), w.foreign_requests(web_url)
     assert not w.errors, w.errors
