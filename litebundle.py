@@ -164,12 +164,14 @@ def percent_to_notebook(source: str) -> dict:
         "language_info": {"name": "python"}}}
 
 
-def _lite_config(pyodide_url: str) -> dict:
-    """jupyter-lite.json: the kernel loads the bundle's Pyodide and never falls back to PyPI."""
+def lite_config() -> dict:
+    """jupyter-lite.json: the kernel loads the bundle's Pyodide and never falls back to PyPI.
+    "./" URLs are resolved against the site's root (jupyter-lite.json's folder) by
+    JupyterLite: the bundle's Pyodide is the site's sibling."""
     return {"jupyter-lite-schema-version": 0, "jupyter-config-data": {
         "appName": "tensorgrad notebooks",
         "litePluginSettings": {KERNEL_PLUGIN: {
-            "pyodideUrl": pyodide_url, "disablePyPIFallback": True}}}}
+            "pyodideUrl": "./../pyodide/pyodide.mjs", "disablePyPIFallback": True}}}}
 
 
 def build_lite(web: Path, root: Path, wheel: Path, cache: Path) -> Path:
@@ -190,9 +192,7 @@ def build_lite(web: Path, root: Path, wheel: Path, cache: Path) -> Path:
     for name in NOTEBOOKS:
         notebook = percent_to_notebook((root / "notebooks" / f"{name}.py").read_text())
         (work / "files" / f"{name}.ipynb").write_text(json.dumps(notebook, indent=1) + "\n")
-    # "./" URLs are resolved against the site's root (jupyter-lite.json's folder) by
-    # JupyterLite: the bundle's Pyodide is the site's sibling.
-    (work / "jupyter-lite.json").write_text(json.dumps(_lite_config("./../pyodide/pyodide.mjs")))
+    (work / "jupyter-lite.json").write_text(json.dumps(lite_config()))
     # every cell in the page (the Notebook app's default renders only the cells in view)
     (work / "overrides.json").write_text(json.dumps({
         "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ import pytest
 from tests.browser.test_demos import FIT_ORANGE, LOSS_BLUE, PIXELS, RECTS, SIN_GRAY
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+import docsite
+
 WAIT_MS = 300_000
 
 HEARTBEAT = """
@@ -202,10 +206,12 @@ def test_pyscript_worker_demo_trains_in_process_while_the_page_ticks(
     assert config == {"interpreter": "../../pyodide/pyodide.mjs",
                       "files": {f"../../{wheel}": f"./{wheel}"},
                       "packages": [f"emfs:./{wheel}"]}, config
-    # the guide documents this very config
-    guide = (ROOT / "docs" / "guides" / "notebooks.md").read_text()
-    section = guide.split("\n## PyScript, in a worker", 1)[1].split("\n## ", 1)[0]
-    documented = re.search(r"```json\n(.*?)```", section, re.DOTALL)
+    # the guide's worker page (its html block, run by test_docs_examples) has this very config
+    guide = ROOT / "docs" / "guides" / "notebooks.md"
+    section = guide.read_text().split("\n## PyScript, in a worker", 1)[1].split("\n## ", 1)[0]
+    pages = [b.code for b in docsite.code_blocks(guide) if b.lang == "html" and b.code in section]
+    documented = pages and re.search(r"<script type=\"py\" worker config='(.*?)'>", pages[0],
+                                     re.DOTALL)
     assert documented and json.loads(documented[1]) == config, "the guide's config differs"
     w = watched()
     t0 = time.perf_counter()

@@ -272,6 +272,20 @@ def test_sh_blocks_name_commands_and_files_that_exist() -> None:
                 assert words[:2] == ["pip", "install"], f"{block.where}: {line}"
 
 
+def test_notebooks_guide_states_the_lite_sites_config() -> None:
+    """The notebooks guide gives jupyter-lite.json's settings in its prose: the ones the
+    build writes (litebundle.lite_config)."""
+    import litebundle
+
+    text = " ".join((ROOT / "docs" / "guides" / "notebooks.md").read_text().split())
+    data = litebundle.lite_config()["jupyter-config-data"]
+    settings = data["litePluginSettings"]
+    assert list(settings) == [litebundle.KERNEL_PLUGIN] and f"`{litebundle.KERNEL_PLUGIN}`" in text
+    assert f'`{json.dumps(data["appName"])}` (`appName`)' in text
+    for key, value in settings[litebundle.KERNEL_PLUGIN].items():
+        assert f"`{json.dumps(key)}: {json.dumps(value)}`" in text, (key, value)
+
+
 def test_readme_is_a_short_first_screen() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) < 250, f"README.md has {len(lines)} lines"
@@ -301,7 +315,7 @@ def test_docs_dependencies_are_pinned_in_the_test_extra() -> None:
 
 
 @pytest.mark.parametrize("page", ["index.md", "guides/concepts.md", "guides/browser.md",
-                                  "guides/pyscript.md", "guides/export.md",
+                                  "guides/pyscript.md", "guides/notebooks.md", "guides/export.md",
                                   "guides/performance.md", "guides/checkpoints.md",
                                   "guides/troubleshooting.md"])
 def test_every_guide_is_in_the_navigation(page: str) -> None:
