@@ -244,7 +244,7 @@ MARIMO_NEW = {
                                  "packaging", "msgspec", "pyyaml"]),
     "markdown": (["markdown"], []), "pymdown-extensions": (["pymdownx"], ["markdown", "pyyaml"]),
     "tomlkit": (["tomlkit"], []), "python-multipart": (["multipart", "python_multipart"], []),
-    "itsdangerous": (["itsdangerous"], []), "tensorgrad": (["tensorgrad"], []),
+    "itsdangerous": (["itsdangerous"], []), DISTRIBUTION: (["tensorgrad"], []),
 }
 MARIMO_TAG = '<marimo-wasm hidden="">'
 
