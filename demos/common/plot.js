@@ -72,15 +72,40 @@ export function smooth(ys, window) {
   return out;
 }
 
-/** A chart's title (bold, top left at x, y); the font is FONT again after it. */
-function drawTitle(ctx, title, x, y) {
-  if (!title) return;
+const TITLE_FONT = "bold 13px system-ui, sans-serif";
+
+/** `title` in lines that fit `width` (at most two; a longer title ends with "…"). */
+function titleLines(ctx, title, width) {
+  if (!title) return [];
+  ctx.font = TITLE_FONT;
+  const lines = [];
+  let line = "";
+  for (const word of title.split(" ")) {
+    const next = line ? `${line} ${word}` : word;
+    if (line && ctx.measureText(next).width > width) { lines.push(line); line = word; }
+    else line = next;
+  }
+  lines.push(line);
+  if (lines.length > 2 || ctx.measureText(lines.at(-1)).width > width) {
+    let last = lines.slice(1).join(" ") || lines[0];
+    while (last.length > 1 && ctx.measureText(`${last}…`).width > width) last = last.slice(0, -1);
+    lines.splice(lines.length > 1 ? 1 : 0, lines.length, `${last}…`);
+  }
+  ctx.font = FONT;
+  return lines;
+}
+
+/** A chart's title at the top left of `canvas`, wrapped to its width; where the drawing
+ *  below it may start. The font is FONT again after it. */
+function drawTitle(ctx, title, w) {
+  const lines = titleLines(ctx, title, w - 12);
   ctx.fillStyle = COLORS.ink;
   ctx.textAlign = "left";
   ctx.textBaseline = "top";
-  ctx.font = "bold 13px system-ui, sans-serif";
-  ctx.fillText(title, x, y);
+  ctx.font = TITLE_FONT;
+  lines.forEach((line, i) => ctx.fillText(line, 6, 6 + 16 * i));
   ctx.font = FONT;
+  return lines.length ? 8 + 16 * lines.length : 6;
 }
 
 /** Size the canvas backing store to its CSS box times the device pixel ratio. */
@@ -110,13 +135,12 @@ export function linePlot(canvas, { series = [], title = "", xLabel = "", yLabel 
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, w, h);
   ctx.font = FONT;
-  const pad = { left: yLabel ? 62 : 50, right: 12, top: title ? 26 : 10,
+  const pad = { left: yLabel ? 62 : 50, right: 12, top: drawTitle(ctx, title, w) + 2,
                 bottom: xLabel ? 40 : 26 };
   const pw = w - pad.left - pad.right;
   const legend = legendLayout(ctx, series, pad.left, pad.top, pw);
   pad.top = legend.bottom;
   const ph = h - pad.top - pad.bottom;
-  drawTitle(ctx, title, pad.left, 6);
 
   const ok = (x, y) => Number.isFinite(x) && Number.isFinite(y) && (!logY || y > 0);
   let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity, points = 0, longest = 0;
@@ -292,23 +316,27 @@ export function fitPlot(canvas, fit, { title = "fit", target = "target", model =
  * Options: cols, title, labels (one string under each image), lo, hi, maxCell (largest
  * image side in CSS pixels), rows (how many rows to make room for while there are none yet),
  * empty (the text shown then). The images fill the canvas's width; the canvas's height is set
- * to what the rows need. canvas.dataset.images (and .filled) is the number drawn.
+ * to what the rows need. canvas.dataset.images (and .filled) is the number drawn,
+ * canvas.dataset.right the right edge of the drawn images (CSS pixels).
  */
 export function imageGrid(canvas, images, { n, h = 28, w = 28, cols = 8, title = "", labels,
                                             lo = 0, hi = 1, maxCell = 72, rows: wanted = 1,
                                             empty = "no images yet" } = {}) {
   const count = n ?? Math.floor(images.length / (h * w));
-  const top = title ? 24 : 4, below = labels ? 16 : 0, gap = 4;
-  const rows = count ? Math.ceil(count / cols) : wanted;
   const width = canvas.clientWidth || canvas.width;
+  const lines = titleLines(canvas.getContext("2d"), title, width - 12).length;
+  const top = lines ? 8 + 16 * lines : 4, below = labels ? 16 : 0, gap = 4;
+  const rows = count ? Math.ceil(count / cols) : wanted;
   const cell = Math.max(4, Math.min(maxCell, Math.floor((width - gap) / cols - gap)));
   const height = `${top + rows * (cell + below + gap) + gap}px`;
   if (canvas.style.height !== height) canvas.style.height = height;
   const { ctx, w: cw, h: ch } = fit(canvas);
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, cw, ch);
-  drawTitle(ctx, title, 6, 5);
+  drawTitle(ctx, title, cw);
   canvas.dataset.images = canvas.dataset.filled = String(count);
+  const left = Math.max(0, Math.floor((cw - gap - cols * (cell + gap)) / 2));  // centred
+  canvas.dataset.right = String(left + Math.min(count, cols) * (cell + gap));  // drawn to
   if (!count) {
     ctx.fillStyle = COLORS.axis;
     ctx.font = FONT;
@@ -331,7 +359,8 @@ export function imageGrid(canvas, images, { n, h = 28, w = 28, cols = 8, title =
       img.data[4 * p + 3] = 255;
     }
     tctx.putImageData(img, 0, 0);
-    const x = gap + (k % cols) * (cell + gap), y = top + Math.floor(k / cols) * (cell + below + gap);
+    const x = left + gap + (k % cols) * (cell + gap);
+    const y = top + Math.floor(k / cols) * (cell + below + gap);
     ctx.drawImage(tile, x, y, cell, cell);
     ctx.strokeStyle = COLORS.grid;
     ctx.strokeRect(x + 0.5, y + 0.5, cell - 1, cell - 1);
@@ -347,8 +376,7 @@ export function rgbImage(canvas, rgb, { h, w, title = "" } = {}) {
   const { ctx, w: cw, h: ch } = fit(canvas);
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, cw, ch);
-  const top = title ? 24 : 4;
-  drawTitle(ctx, title, 6, 5);
+  const top = drawTitle(ctx, title, cw);
   canvas.dataset.filled = String(rgb ? h * w : 0);
   if (!rgb) return;
   const tile = new OffscreenCanvas(w, h);
@@ -371,8 +399,7 @@ export function barChart(canvas, values, { labels = [], title = "", color = COLO
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, w, h);
   ctx.font = FONT;
-  const top = title ? 26 : 6;
-  drawTitle(ctx, title, 6, 6);
+  const top = drawTitle(ctx, title, w);
   canvas.dataset.bars = canvas.dataset.filled = String(values?.length ?? 0);
   if (!values?.length) return;
   const best = values.indexOf(Math.max(...values));

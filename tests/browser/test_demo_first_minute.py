@@ -51,6 +51,9 @@ INSPECT = """() => {
       } else if (!(+canvas.dataset.filled > 0)) {
         problems.push(`canvas #${canvas.id} is empty`);
       }
+      if (+canvas.dataset.right > canvas.clientWidth + 1) {
+        problems.push(`#${canvas.id} draws to x = ${canvas.dataset.right} in ${canvas.clientWidth} px`);
+      }
     }
     if (!canvases.length && !card.innerText.trim()) problems.push(`card ${name(card)} is empty`);
   }

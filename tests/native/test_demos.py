@@ -90,6 +90,9 @@ def test_digit_canvas_mlp_reaches_95_percent_and_swaps_models(gpu_device, monkey
         assert again is not None and max(abs(a - b) for a, b in zip(again, second)) < 1e-5
 
     asyncio.run(canvas_and_params())
+    # the page's drawing asks canvas_predict on every stroke: MNIST loads (and says so) once
+    logs = [p["text"] for p in posts if p.get("kind") == "log"]
+    assert sum(text.startswith("loading MNIST") for text in logs) == 1, logs
 
 
 def test_cartpole_reaches_mean_episode_length_150(gpu_device, monkeypatch) -> None:
