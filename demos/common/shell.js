@@ -44,10 +44,17 @@ export class Shell {
   /**
    * unit: what one training step is called ("step", "rollout"); buttons: which of
    * start/stop/reset the bar has; controls: HTML (or elements) of the demo's own controls;
-   * stats: [{id, label, from, value(record) → text}] shown after step and loss; cards:
-   * "loss" | {chart, ...} | {canvas, draw(canvas, record, shell), from, title} |
-   * {id, html}; lossTitle/lossLogY: the loss chart's; files: the sources linked under the
-   * lead paragraph (besides "all demos").
+   * stats: [{id, label, from, value(record) → text}] shown after step and loss (kernels and
+   * params after the rate unless false); cards, each with an optional className ("wide":
+   * the whole row):
+   *   "loss"                                 the training loss (lossTitle, lossLogY)
+   *   {chart: id, title, yLabel, series: [{key, label, color, width, dots}], from, xLabel,
+   *    yMin, yMax, logY, empty}              a line per series of record[key] (or key(record))
+   *                                          over the records' steps
+   *   {canvas: id, draw(canvas, record, shell), from}   drawn from the latest record (null
+   *                                          before the first)
+   *   {id, html}                             HTML the page fills itself
+   * files: the sources linked under the lead paragraph (besides "all demos").
    */
   constructor({ unit = "step", buttons = ["start", "stop", "reset"], controls = "",
                 stats = [], cards = ["loss"], lossTitle = "training loss (log scale)",
