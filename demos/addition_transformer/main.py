@@ -1,11 +1,12 @@
 """The addition_transformer demo's script: train the transformer of model.py on 2-digit sums.
 
 The page runs this file with ``session.runScript`` (script mode, see demos/common/): besides
-the shared log, setup and loss messages it posts
+the shared log, setup and loss messages it posts, on the evaluation schedule,
 
-    {kind: "eval", step, trainAcc, testAcc, table}  every `every` steps: accuracy on `eval`
-                                                    train and held-out pairs, and the greedy
-                                                    answers for 10 held-out pairs
+    {kind: "eval", step, trainAcc, testAcc,   accuracy (the whole sum right) on `eval` train
+     testDigits, table}                       and held-out pairs, the share of held-out answer
+                                              digits right, and the greedy answers for 10
+                                              held-out pairs
 
 Natively: ``python demos/addition_transformer/main.py steps=5 eval=32``.
 """
@@ -26,63 +27,37 @@ STATE = D.state
 TABLE_ROWS = 10
 
 
-async def setup() -> None:
-    """Compile the training step and the attached greedy-prediction graph (once)."""
-    m = await D.module("model")
-    train = await D.compile(model=m.AdditionTransformer(), loss=m.loss_fn, inputs=m.INPUTS,
-                            optimizer=m.optimizer())
-    if "predict" in STATE:
-        return
-    cfg = D.cfg
-    pick = random.Random(cfg["seed"] + 1000)
-    size = max(TABLE_ROWS, int(cfg["eval"]))
-    STATE.update(predict=await train.attach(forward=m.predict_fn, inputs=m.PREDICT_INPUTS,
-                                            output="i32"),
-                 rng=random.Random(cfg["seed"]), evals=[],
-                 test_sample=pick.sample(m.TEST_PAIRS, min(size, len(m.TEST_PAIRS))),
-                 train_sample=pick.sample(m.TRAIN_PAIRS, min(size, len(m.TRAIN_PAIRS))))
-
-
 async def evaluate() -> dict:
-    """Accuracy on the train and held-out samples; greedy answers for the table's pairs
-    (the first TABLE_ROWS held-out pairs of the sample)."""
+    """Accuracy on the train and held-out samples, the held-out digits right, and greedy
+    answers for the table's pairs (the first TABLE_ROWS held-out pairs of the sample)."""
     m, predict = STATE["module:model"], STATE["predict"]
     test = STATE["test_sample"]
-    sums = await m.predict_sums(predict, test)
-    test_acc = sum(s == a + b for s, (a, b) in zip(sums, test)) / len(test)
-    train_acc = await m.accuracy(predict, STATE["train_sample"])
-    table = [{"a": a, "b": b, "pred": s, "ok": s == a + b}
-             for (a, b), s in zip(test[:TABLE_ROWS], sums)]
-    result = {"step": STATE["step"], "trainAcc": train_acc, "testAcc": test_acc}
-    STATE["evals"].append(result)
-    D.post("eval", **result, table=table)
-    return result
-
-
-async def reset() -> None:
-    """Initial params (same seed), fresh optimizer state (and LR schedule), step 0."""
-    await D.reset()
-    STATE.update(rng=random.Random(D.cfg["seed"]), evals=[])
+    digits = await m.predict_digits(predict, test)
+    wanted = [m.encode(a, b)[-3:] for a, b in test]
+    sums = [d[0] + 10 * d[1] + 100 * d[2] for d in digits]
+    right = sum(x == y for d, w in zip(digits, wanted) for x, y in zip(d, w))
+    return {"trainAcc": await m.accuracy(predict, STATE["train_sample"]),
+            "testAcc": sum(s == a + b for s, (a, b) in zip(sums, test)) / len(test),
+            "testDigits": right / (3 * len(test)),
+            "table": [{"a": a, "b": b, "pred": s, "ok": s == a + b}
+                      for (a, b), s in zip(test[:TABLE_ROWS], sums)]}
 
 
 async def main() -> dict:
-    D.config()
-    await setup()
-    m, rng = STATE["module:model"], STATE["rng"]
-    if STATE["step"] == 0:
-        await evaluate()
-
-    async def progress(step: int, loss: float, rate: float) -> None:
-        ev = await evaluate()
-        D.log(f"step {step:5d}  loss {loss:.4f}  train acc {ev['trainAcc']:.1%}  "
-              f"test acc {ev['testAcc']:.1%}  {rate:.2f} steps/s")
-
-    run = await D.train(STATE["train"], lambda: m.batch(rng), on_every=progress, max_pending=20)
-    if STATE["evals"][-1]["step"] != STATE["step"]:
-        await evaluate()
-    last = STATE["evals"][-1]
-    return D.figures(run, train_acc=last["trainAcc"], test_acc=last["testAcc"],
-                     eval_pairs=len(STATE["test_sample"]))
+    m = await D.start()
+    await D.compile(model=m.AdditionTransformer(), loss=m.loss_fn, inputs=m.INPUTS,
+                    optimizer=m.optimizer())
+    await D.attach("predict", forward=m.predict_fn, inputs=m.PREDICT_INPUTS, output="i32")
+    if "test_sample" not in STATE:
+        pick, size = random.Random(D.cfg["seed"] + 1000), max(TABLE_ROWS, int(D.cfg["eval"]))
+        STATE.update(test_sample=pick.sample(m.TEST_PAIRS, min(size, len(m.TEST_PAIRS))),
+                     train_sample=pick.sample(m.TRAIN_PAIRS, min(size, len(m.TRAIN_PAIRS))))
+    return await D.run(lambda: m.batch(D.rng), evaluate=evaluate, max_pending=20,
+                       line="train acc {trainAcc:.1%}  test acc {testAcc:.1%} (digits "
+                       "{testDigits:.1%})",
+                       figures=lambda ev: {"train_acc": ev["trainAcc"], "test_acc": ev["testAcc"],
+                                           "test_digit_acc": ev["testDigits"],
+                                           "eval_pairs": len(STATE["test_sample"])})
 
 
 if __name__ == "__main__":

@@ -68,8 +68,9 @@ def loss_fn(model: AdditionTransformer, tokens: tg.Tensor, targets: tg.Tensor,
 
 
 def predict_fn(model: AdditionTransformer, tokens: tg.Tensor) -> tg.Tensor:
-    """Greedy next-token choice at every position: [B, T] i32."""
-    return tg.argmax(model(tokens), -1)
+    """Greedy next digit at every position: [B, T] i32 (the argmax over the ten digits
+    only: an answer is digits, whatever an untrained model scores '+' or '=')."""
+    return tg.argmax(tg.narrow(model(tokens), -1, 0, 10), -1)
 
 
 INPUTS = {"tokens": ((BATCH, T), "i32"), "targets": ((BATCH, T), "i32"), "mask": (T,)}
@@ -115,9 +116,11 @@ def _flat_ints(output: object) -> list[int]:
     return list(memoryview(output).cast("B").cast("i"))  # type: ignore[arg-type]
 
 
-async def predict_sums(predict: tg.Forward, pairs: list[tuple[int, int]]) -> list[int]:
-    """Greedy decoding in 3 runs: each predicted digit is fed back before the next one
-    (the model is causal, so the unknown later positions do not matter)."""
+async def predict_digits(predict: tg.Forward, pairs: list[tuple[int, int]]
+                         ) -> list[list[int]]:
+    """The three answer digits of each pair (s0, s1, s2: the sum's digits reversed), by
+    greedy decoding in 3 runs: each predicted digit is fed back before the next one (the
+    model is causal, so the unknown later positions do not matter)."""
     rows = [encode(a, b)[:T] for a, b in pairs]
     for row in rows:
         row[ANSWER_FROM + 1:] = [0] * (T - ANSWER_FROM - 1)
@@ -132,7 +135,12 @@ async def predict_sums(predict: tg.Forward, pairs: list[tuple[int, int]]) -> lis
             digits[r].append(digit)
             if ANSWER_FROM + k + 1 < T:
                 row[ANSWER_FROM + k + 1] = digit
-    return [d[0] + 10 * d[1] + 100 * d[2] for d in digits]
+    return digits
+
+
+async def predict_sums(predict: tg.Forward, pairs: list[tuple[int, int]]) -> list[int]:
+    """The sum the model writes for each pair (greedy decoding)."""
+    return [d[0] + 10 * d[1] + 100 * d[2] for d in await predict_digits(predict, pairs)]
 
 
 async def accuracy(predict: tg.Forward, pairs: list[tuple[int, int]]) -> float:

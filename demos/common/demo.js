@@ -1,36 +1,51 @@
-// What every demo page shares: URL parameters, the WebGPU check, the loading progress, the
-// log, the start/stop/reset controls, the streamed losses (stats and the loss plot) and the
-// script-mode run of the demo's main.py in the worker.
+// What every demo page shares: URL settings, the WebGPU check, the loading progress, the
+// page shell (shell.js: controls, stats, cards, log), the streamed losses and evaluations, and
+// the script-mode run of the demo's main.py in the worker. A page describes itself:
 //
-// The page imports demos/common/demo_common.py into the worker as `demo_common`, fetches its
+//   import { Demo, pct } from "../common/demo.js";
+//   new Demo({
+//     name: "mnist_cnn",
+//     defaults: { steps: 2000, seed: 1, every: 100, eval: 2000, until: 0 },  // = main.py's
+//     headless: { steps: 40, every: 20 },     // a short run under automation (build.py demo)
+//     stats: [{ id: "acc", label: "held-out accuracy", value: (ev) => pct(ev.acc, 2) }],
+//     cards: ["loss", { chart: "acc", ... }, { canvas: "digits", draw: (canvas, ev) => ... }],
+//   }).boot();
+//
+// and the shell is built from the description (see shell.js for stats and cards; `python`
+// names demos/common modules main.py imports besides demo_common, e.g. ["char_lm"]).
+//
+// The page imports demos/common/demo_common.py (and `python`) into the worker, fetches its
 // main.py and runs it with session.runScript(); main.py reads DEMO_CONFIG (set here first),
-// streams {kind: "log", text}, {kind: "setup", kernels, params}, {kind: "loss", step, losses}
-// (handled here: #s-step, #s-loss, #s-rate, #s-kernels, #s-params and the #loss canvas) and
-// demo-specific messages (the page's onPost) with tensorgrad.web.post(), stops when
-// CONTROL["stop"] is set, and defines `async def reset()`.
+// streams {kind: "log", text}, {kind: "setup", kernels, params}, {kind: "loss", step, losses},
+// {kind: "eval", step, ...} (all handled here) and demo-specific messages (the page's onPost)
+// with tensorgrad.web.post(), stops when CONTROL["stop"] is set, and defines `reset()`.
 // When the first run finishes the page sets window.tgDemo = {done: true, ok, figures | error}
 // (what `python build.py demo NAME` waits for). Every log line also goes to the console, so
 // build.py prints the same lines the page shows.
 
 import * as tensorgrad from "../../tensorgrad.js";
-import { lossPlot } from "./plot.js";
+import { Shell } from "./shell.js";
 
-const $ = (id) => document.getElementById(id);
+export { pct } from "./shell.js";
+
 const secs = (ms) => `${(ms / 1000).toFixed(1)} s`;
+const RESERVED = ["autostart", "headless"];
 
-/** URL parameters over defaults: {cfg, autostart, headless}.
+/** URL parameters over defaults: {cfg, autostart, automated}.
  *  ?autostart=1 starts training once ready (default under automation, navigator.webdriver);
  *  every key of `defaults` (steps, seed, ...) can be given as a number; under automation
- *  `headless` overrides the defaults first (short runs for `python build.py demo NAME`). */
+ *  `headless` overrides the defaults first (short runs for `python build.py demo NAME`)
+ *  unless ?headless=0 (a user's settings, e.g. to test what a user sees). */
 export function demoConfig(defaults, headless = {}) {
   const query = new URLSearchParams(location.search);
   const automated = navigator.webdriver === true;
-  const cfg = { ...defaults, ...(automated ? headless : {}) };
+  const quick = query.has("headless") ? query.get("headless") !== "0" : automated;
+  const cfg = { ...defaults, ...(quick ? headless : {}) };
   for (const [key, value] of query) {
-    if (key === "autostart") continue;
+    if (RESERVED.includes(key)) continue;
     if (!(key in cfg)) {  // a typo must not run the demo with its defaults unnoticed
       throw new Error(`URL parameter ${key}=${value}: not a setting of this demo ` +
-                      `(settings: autostart, ${Object.keys(cfg).join(", ")})`);
+                      `(settings: ${[...RESERVED, ...Object.keys(cfg)].join(", ")})`);
     }
     const n = Number(value);
     if (typeof cfg[key] === "number" && !Number.isFinite(n)) {
@@ -47,83 +62,63 @@ const pyJson = (value) => `__import__("json").loads(${JSON.stringify(JSON.string
 
 export class Demo {
   /**
-   * name: the demo's folder; defaults/headless: config (see demoConfig);
-   * onPost(data): demo messages from main.py; onReset(): clear the page's figures;
-   * summary(figures): one log line for the end of a run (default: every figure);
-   * lossTitle: the loss plot's title; onReady(): after the worker started.
+   * name: the demo's folder; defaults/headless: settings (see demoConfig); python: modules of
+   * demos/common main.py imports; unit, controls, stats, cards, lossTitle, lossLogY: the
+   * shell's (shell.js); onPost(d): messages other than log/setup/loss/eval; onEval(ev): after
+   * an evaluation is recorded; onReset(): after Reset; onReady(): once the worker started;
+   * summary(figures): the log line at the end of a run (default: every figure).
    */
-  constructor({ name, defaults, headless, onPost, onReset, summary, onReady,
-                lossTitle = "training loss (log scale)", lossLogY = true }) {
+  constructor({ name, defaults, headless, python = [], onPost, onEval, onReset, onReady,
+                summary, ...shell }) {
     this.name = name;
     Object.assign(this, demoConfig(defaults, headless));
+    this.python = ["demo_common", ...python];
     this.onPost = onPost;
+    this.onEval = onEval;
     this.onReset = onReset;
     this.onReady = onReady;
     this.summary = summary ?? defaultSummary;
-    this.lossTitle = lossTitle;
-    this.lossLogY = lossLogY;
-    this.losses = [];
+    this.shell = new Shell(shell);
     this.rate = { t0: 0, s0: 0 };
-    this.frame = 0;
     this.session = null;
     this.source = null;
     this.running = null;  // the promise of the run in progress
     this.reported = false;
-    this.logEl = $("log");
-    this.statusEl = $("status");
-    this.buttons = { start: $("start"), stop: $("stop"), reset: $("reset") };
+    this.statusEl = document.getElementById("status");
+    this.buttons = Object.fromEntries(["start", "stop", "reset"].map(
+      (b) => [b, document.getElementById(b)]));
     this.buttons.start.onclick = () => this.run();
     this.buttons.stop.onclick = () => this.stop();
     this.buttons.reset.onclick = () => this.reset();
     this.setButtons();
-    const params = Object.entries(this.cfg).map(([k, v]) => `${k}=${v}`).join(" ");
-    $("config").textContent = params;
+    document.getElementById("config").textContent =
+      Object.entries(this.cfg).map(([k, v]) => `${k}=${v}`).join(" ");
   }
 
-  /** One progress line: on the page, and on the console (so build.py prints it). */
-  log(text, level = "log") {
-    console[level](text);
-    this.logEl.textContent += `${text}\n`;
-    this.logEl.scrollTop = this.logEl.scrollHeight;
-  }
+  log(text, level = "log") { this.shell.log(text, level); }
 
   status(text) { this.statusEl.textContent = text; }
 
-  /** Set the text of element `id` when the page has it. */
-  stat(id, text) {
-    const el = $(id);
-    if (el) el.textContent = text;
-  }
-
-  /** Redraw the loss plot (if the page has #loss) on the next animation frame. */
-  drawLoss() {
-    this.frame ||= requestAnimationFrame(() => {
-      this.frame = 0;
-      if ($("loss")) lossPlot($("loss"), this.losses, { title: this.lossTitle, logY: this.lossLogY });
-    });
-  }
-
-  /** Messages from main.py: log lines, setup and losses here; the rest to the page. */
+  /** Messages from main.py: log lines, setup, losses and evaluations here; the rest to
+   *  the page's onPost (a record when it has a step, for the shell's stats and cards). */
   message(d) {
     if (d?.kind === "log") {
       this.log(d.text);
-      return;
-    }
-    if (d?.kind === "setup") {
-      this.stat("s-kernels", d.kernels);
-      this.stat("s-params", Number(d.params).toLocaleString("en-US"));
-      this.rate = { t0: performance.now(), s0: this.losses.length };
+    } else if (d?.kind === "setup") {
+      this.shell.stat("kernels", String(d.kernels));
+      this.shell.stat("params", Number(d.params).toLocaleString("en-US"));
+      this.rate = { t0: performance.now(), s0: this.shell.losses.length };
     } else if (d?.kind === "loss") {
-      this.losses.length = d.step - 1;  // a reset restarts at step 1
-      for (const v of d.losses) this.losses.push(v);
-      const step = this.losses.length;
-      this.stat("s-step", step);
-      this.stat("s-loss", d.losses.at(-1).toPrecision(4));
+      this.shell.addLosses(d.step, d.losses);
       const dt = (performance.now() - this.rate.t0) / 1000;
-      if (dt > 0.5) this.stat("s-rate", ((step - this.rate.s0) / dt).toPrecision(3));
-      this.drawLoss();
+      if (dt > 0.5) {
+        this.shell.stat("rate", ((this.shell.losses.length - this.rate.s0) / dt).toPrecision(3));
+      }
+    } else {
+      if (typeof d?.step === "number") this.shell.record(d);
+      if (d?.kind === "eval") this.onEval?.(d);
+      else this.onPost?.(d);
     }
-    this.onPost?.(d);
   }
 
   setButtons() {
@@ -147,11 +142,10 @@ export class Demo {
     this.report({ ok: false, error: `${err?.name ?? "Error"}: ${err?.message ?? err}` });
   }
 
-  /** Check WebGPU, start the worker (Pyodide + tensorgrad), import demo_common and fetch
-   *  main.py; then autostart if asked. */
+  /** Check WebGPU, start the worker (Pyodide + tensorgrad), import demo_common (and the
+   *  page's `python` modules) and fetch main.py; then autostart if asked. */
   async boot() {
     this.log(`${this.name}: ${location.href}`);
-    this.drawLoss();
     if (tensorgrad.checkWebGPU) {
       this.status("checking WebGPU…");
       const support = await tensorgrad.checkWebGPU();
@@ -161,7 +155,7 @@ export class Demo {
         document.body.classList.add("no-webgpu");
         this.report({ ok: false, error: `WebGPU unavailable (${support.reason ?? "?"}): ` +
                                         support.message });
-        return;
+        return this;
       }
     }
     this.status("loading Pyodide…");
@@ -170,29 +164,27 @@ export class Demo {
       return r.text();
     });
     const sourceP = text(new URL("main.py", location.href));
-    const common = new URL("../common/demo_common.py", location.href).href;
+    const imports = this.python.map((m) => `await import_source(${JSON.stringify(m)}, ` +
+      `${JSON.stringify(new URL(`../common/${m}.py`, location.href).href)}, "${m}.py")`);
     try {
       this.session = await tensorgrad.start({ onProgress: (p) => this.progress(p) });
       this.session.onPost = (data) => this.message(data);  // posts of exec() calls
-      await this.session.exec("from tensorgrad.web import import_source\n" +
-                              `await import_source("demo_common", ${JSON.stringify(common)}, ` +
-                              '"demo_common.py")');
+      await this.session.exec(["from tensorgrad.web import import_source", ...imports]
+                              .join("\n"));
       this.source = await sourceP;
     } catch (err) {
       this.fail(err);
-      return;
+      return this;
     }
     this.onReady?.();
     this.setButtons();
     if (this.autostart) this.run();
+    return this;
   }
 
   progress(p) {
     if (p.stage === "loading-pyodide") {
-      this.log("loading Pyodide…");
-    } else if (p.stage === "installing") {
-      this.log(`Pyodide loaded in ${secs(p.pyodideMs)}; installing tensorgrad…`);
-      this.status("installing tensorgrad…");
+      this.log("loading Pyodide and tensorgrad…");
     } else if (p.stage === "ready") {
       const t = p.timings;
       this.log(`ready in ${secs(t.totalMs)} (Pyodide ${secs(t.pyodideMs)}, micropip ` +
@@ -215,8 +207,8 @@ export class Demo {
           onPost: (data) => this.message(data),
         });
         this.log(this.summary(figures));
-        this.status(figures.stopped ? `stopped at step ${figures.steps}` :
-                    `done: ${figures.steps} steps — Start trains ${this.cfg.steps} more`);
+        this.status(figures.stopped ? `stopped at ${this.shell.unit} ${figures.steps}` :
+                    `done: ${figures.steps} ${this.shell.unit}s — Start trains ${this.cfg.steps} more`);
         this.report({ ok: true, figures: { ...figures, ready_ms: this.timings?.totalMs } });
         return figures;
       } catch (err) {
@@ -239,6 +231,15 @@ export class Demo {
     await this.running;
   }
 
+  /** Stop, run `fn` (async: it may exec in the worker), then start again if it was running;
+   *  an error fails the page. */
+  async whileStopped(fn) {
+    const wasRunning = this.running !== null;
+    await this.stop();
+    try { await fn(); } catch (err) { this.fail(err); return; }
+    if (wasRunning) this.run();
+  }
+
   /** Stop, then fresh params and optimizer state (same seed) and cleared figures. */
   async reset() {
     await this.stop();
@@ -248,10 +249,7 @@ export class Demo {
       this.fail(err);
       return;
     }
-    this.losses = [];
-    for (const id of ["s-loss", "s-rate"]) this.stat(id, "–");
-    this.stat("s-step", "0");
-    this.drawLoss();
+    this.shell.clear();
     this.onReset?.();
     this.log("reset: fresh parameters and optimizer state");
     this.status("reset — press Start");

@@ -1,9 +1,13 @@
-// A tiny canvas line plot (no dependencies): axes with ticks, linear or log y, several series.
+// A tiny canvas line plot (no dependencies): axes with ticks and titles, linear or log y,
+// several series with a legend; image grids, an RGB image and bar charts.
 //
 //   import { linePlot } from "../common/plot.js";
-//   linePlot(canvas, { title: "loss", logY: true, series: [{ xs, ys, color, label }] });
+//   linePlot(canvas, { title: "loss", xLabel: "step", yLabel: "loss", logY: true,
+//                      series: [{ xs, ys, color, label }] });
 //
-// After drawing, canvas.dataset.points holds the number of finite points drawn (tests read it).
+// After drawing, canvas.dataset.filled holds the number of things drawn (finite points, images,
+// bars, pixels: tests read it), linePlot's canvas.dataset.points the points and
+// canvas.dataset.longest the most points of one series.
 
 const FONT = "12px system-ui, sans-serif";
 export const COLORS = { blue: "#2563eb", orange: "#ea580c", green: "#16a34a", gray: "#9ca3af",
@@ -16,9 +20,9 @@ function niceStep(span, count) {
   return (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
 }
 
-function linearTicks(lo, hi, count = 5) {
+function linearTicks(lo, hi, count = 5, integer = false) {
   if (!(hi > lo)) return [lo];
-  const step = niceStep(hi - lo, count);
+  const step = Math.max(integer ? 1 : 0, niceStep(hi - lo, count));
   const ticks = [];
   for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
     ticks.push(Math.abs(v) < step * 1e-9 ? 0 : v);
@@ -27,22 +31,18 @@ function linearTicks(lo, hi, count = 5) {
 }
 
 function logTicks(lo, hi) {
-  const ticks = [];
+  const decades = [], all = [];
   for (let e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e++) {
-    const v = 10 ** e;
-    if (v >= lo * 0.999 && v <= hi * 1.001) ticks.push(v);
-  }
-  if (ticks.length < 2) {  // less than a decade: 1-2-5 ticks
-    for (let e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e++) {
-      for (const m of [2, 5]) {
-        const v = m * 10 ** e;
-        if (v >= lo && v <= hi) ticks.push(v);
-      }
+    for (const m of [1, 2, 5]) {
+      const v = m * 10 ** e;
+      if (v < lo * 0.999 || v > hi * 1.001) continue;
+      all.push(v);
+      if (m === 1) decades.push(v);
     }
-    ticks.sort((a, b) => a - b);
   }
-  if (ticks.length < 3) return linearTicks(lo, hi, 4).filter((v) => v > 0);  // a narrow range
-  return ticks;
+  if (decades.length >= 3) return decades;
+  if (all.length >= 3) return all;  // 1-2-5 ticks across less than two decades
+  return linearTicks(lo, hi, 4).filter((v) => v > 0);  // a narrow range
 }
 
 function fmt(v) {
@@ -72,6 +72,42 @@ export function smooth(ys, window) {
   return out;
 }
 
+const TITLE_FONT = "bold 13px system-ui, sans-serif";
+
+/** `title` in lines that fit `width` (at most two; a longer title ends with "…"). */
+function titleLines(ctx, title, width) {
+  if (!title) return [];
+  ctx.font = TITLE_FONT;
+  const lines = [];
+  let line = "";
+  for (const word of title.split(" ")) {
+    const next = line ? `${line} ${word}` : word;
+    if (line && ctx.measureText(next).width > width) { lines.push(line); line = word; }
+    else line = next;
+  }
+  lines.push(line);
+  if (lines.length > 2 || ctx.measureText(lines.at(-1)).width > width) {
+    let last = lines.slice(1).join(" ") || lines[0];
+    while (last.length > 1 && ctx.measureText(`${last}…`).width > width) last = last.slice(0, -1);
+    lines.splice(lines.length > 1 ? 1 : 0, lines.length, `${last}…`);
+  }
+  ctx.font = FONT;
+  return lines;
+}
+
+/** A chart's title at the top left of `canvas`, wrapped to its width; where the drawing
+ *  below it may start. The font is FONT again after it. */
+function drawTitle(ctx, title, w) {
+  const lines = titleLines(ctx, title, w - 12);
+  ctx.fillStyle = COLORS.ink;
+  ctx.textAlign = "left";
+  ctx.textBaseline = "top";
+  ctx.font = TITLE_FONT;
+  lines.forEach((line, i) => ctx.fillText(line, 6, 6 + 16 * i));
+  ctx.font = FONT;
+  return lines.length ? 8 + 16 * lines.length : 6;
+}
+
 /** Size the canvas backing store to its CSS box times the device pixel ratio. */
 function fit(canvas) {
   const dpr = window.devicePixelRatio || 1;
@@ -88,30 +124,28 @@ function fit(canvas) {
 
 /**
  * Draw `series` ([{xs, ys, color, label, width, dots}]) into `canvas`.
- * Options: title, xLabel, yLabel, logY, yMin/yMax/xMin/xMax (fixed ranges), empty (text shown
- * when there is nothing to draw).
+ * Options: title, xLabel, yLabel (axis titles), logY, yMin/yMax/xMin/xMax (fixed ranges),
+ * xInteger (x is a count, e.g. steps: ticks at whole numbers, a single x spans x..x+1),
+ * yFormat (a tick label from a value), empty (text shown when there is nothing to draw).
  */
 export function linePlot(canvas, { series = [], title = "", xLabel = "", yLabel = "",
-                                   logY = false, xMin, xMax, yMin, yMax, empty = "" } = {}) {
+                                   logY = false, xMin, xMax, yMin, yMax, xInteger = false,
+                                   yFormat = fmt, empty = "" } = {}) {
   const { ctx, w, h } = fit(canvas);
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, w, h);
   ctx.font = FONT;
-  const pad = { left: 56, right: 12, top: title ? 26 : 10, bottom: xLabel ? 40 : 26 };
+  const pad = { left: yLabel ? 62 : 50, right: 12, top: drawTitle(ctx, title, w) + 2,
+                bottom: xLabel ? 40 : 26 };
   const pw = w - pad.left - pad.right;
+  const legend = legendLayout(ctx, series, pad.left, pad.top, pw);
+  pad.top = legend.bottom;
   const ph = h - pad.top - pad.bottom;
-  if (title) {
-    ctx.fillStyle = COLORS.ink;
-    ctx.textAlign = "left";
-    ctx.textBaseline = "top";
-    ctx.font = "bold 13px system-ui, sans-serif";
-    ctx.fillText(title, pad.left, 6);
-    ctx.font = FONT;
-  }
 
   const ok = (x, y) => Number.isFinite(x) && Number.isFinite(y) && (!logY || y > 0);
-  let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity, points = 0;
+  let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity, points = 0, longest = 0;
   for (const s of series) {
+    const before = points;
     for (let i = 0; i < s.ys.length; i++) {
       const x = s.xs ? s.xs[i] : i, y = s.ys[i];
       if (!ok(x, y)) continue;
@@ -119,8 +153,10 @@ export function linePlot(canvas, { series = [], title = "", xLabel = "", yLabel 
       x0 = Math.min(x0, x); x1 = Math.max(x1, x);
       y0 = Math.min(y0, y); y1 = Math.max(y1, y);
     }
+    longest = Math.max(longest, points - before);
   }
-  canvas.dataset.points = String(points);
+  canvas.dataset.points = canvas.dataset.filled = String(points);
+  canvas.dataset.longest = String(longest);  // the most points of one series
   if (xMin !== undefined) x0 = xMin;
   if (xMax !== undefined) x1 = xMax;
   if (yMin !== undefined) y0 = yMin;
@@ -134,7 +170,10 @@ export function linePlot(canvas, { series = [], title = "", xLabel = "", yLabel 
     ctx.fillText(empty || "no data yet", pad.left + pw / 2, pad.top + ph / 2);
     return;
   }
-  if (x1 <= x0) { x0 -= 0.5; x1 += 0.5; }
+  if (x1 <= x0) {
+    if (xInteger) x1 = x0 + 1;
+    else { x0 -= 0.5; x1 += 0.5; }
+  }
   if (logY) {
     if (y1 <= y0) { y0 /= 2; y1 *= 2; }
     const ly0 = Math.log10(y0), ly1 = Math.log10(y1), m = (ly1 - ly0) * 0.05;
@@ -160,11 +199,11 @@ export function linePlot(canvas, { series = [], title = "", xLabel = "", yLabel 
   for (const t of logY ? logTicks(y0, y1) : linearTicks(y0, y1)) {
     const y = Math.round(py(t)) + 0.5;
     ctx.beginPath(); ctx.moveTo(pad.left, y); ctx.lineTo(pad.left + pw, y); ctx.stroke();
-    ctx.fillText(fmt(t), pad.left - 6, y);
+    ctx.fillText(yFormat(t), pad.left - 6, y);
   }
   ctx.textAlign = "center";
   ctx.textBaseline = "top";
-  for (const t of linearTicks(x0, x1, Math.max(2, Math.floor(pw / 80)))) {
+  for (const t of linearTicks(x0, x1, Math.max(2, Math.floor(pw / 80)), xInteger)) {
     const x = Math.round(px(t)) + 0.5;
     ctx.beginPath(); ctx.moveTo(x, pad.top); ctx.lineTo(x, pad.top + ph); ctx.stroke();
     ctx.fillText(fmt(t), x, pad.top + ph + 5);
@@ -204,24 +243,32 @@ export function linePlot(canvas, { series = [], title = "", xLabel = "", yLabel 
   }
   ctx.restore();
 
-  // legend
-  const labelled = series.filter((s) => s.label);
-  if (labelled.length) {
-    ctx.textAlign = "left";
-    ctx.textBaseline = "middle";
-    let x = pad.left + pw;
-    const y = pad.top + 12;
-    for (const s of [...labelled].reverse()) {
-      const tw = ctx.measureText(s.label).width;
-      x -= tw + 28;
-      ctx.fillStyle = "rgba(255,255,255,0.85)";
-      ctx.fillRect(x - 2, y - 9, tw + 26, 18);
-      ctx.strokeStyle = s.color ?? COLORS.blue;
-      ctx.lineWidth = 2.5;
-      ctx.beginPath(); ctx.moveTo(x + 2, y); ctx.lineTo(x + 18, y); ctx.stroke();
-      ctx.fillStyle = COLORS.ink;
-      ctx.fillText(s.label, x + 22, y);
-    }
+  drawLegend(ctx, legend.items);
+}
+
+/** The legend of the labelled series: rows of items (a line of the series' colour and its
+ *  label) from `left`, below `top`, wrapping at `width`; `bottom` is where the plot starts. */
+function legendLayout(ctx, series, left, top, width) {
+  const items = [];
+  let x = left, y = top + 9;
+  for (const s of series.filter((s) => s.label)) {
+    const w = ctx.measureText(s.label).width + 34;
+    if (x + w > left + width && x > left) { x = left; y += 18; }
+    items.push({ x, y, label: s.label, color: s.color ?? COLORS.blue });
+    x += w;
+  }
+  return { items, bottom: items.length ? y + 13 : top };
+}
+
+function drawLegend(ctx, items) {
+  ctx.textAlign = "left";
+  ctx.textBaseline = "middle";
+  for (const { x, y, label, color } of items) {
+    ctx.strokeStyle = color;
+    ctx.lineWidth = 2.5;
+    ctx.beginPath(); ctx.moveTo(x, y); ctx.lineTo(x + 16, y); ctx.stroke();
+    ctx.fillStyle = COLORS.ink;
+    ctx.fillText(label, x + 20, y);
   }
 }
 
@@ -242,39 +289,62 @@ export function inkStats(canvas) {
 
 /** The training-loss plot every demo shows: raw batch losses, and a smoothed trend once
  *  there are 20 of them; log y unless `logY` is false. */
-export function lossPlot(canvas, ys, { title = "training loss (log scale)", logY = true } = {}) {
+export function lossPlot(canvas, ys, { title = "training loss (log scale)", logY = true,
+                                       xLabel = "step", yLabel = "loss" } = {}) {
   const xs = Array.from(ys, (_, i) => i + 1);
   const many = ys.length >= 20;
   linePlot(canvas, {
-    title, xLabel: "step", logY, empty: "no steps yet",
+    title, xLabel, yLabel, logY, xInteger: true, empty: "no steps yet",
     series: [{ xs, ys, color: many ? "#93c5fd" : COLORS.blue, width: many ? 1 : 2, label: "batch loss" },
              ...(many ? [{ xs, ys: smooth(ys), color: COLORS.blue, width: 2, label: "smoothed" }] : [])],
   });
 }
 
+/** A 1-d fit: the target curve (gray) and the model's (orange) over `fit` = {xs, target,
+ *  pred, step} (null before the first evaluation). Options: title, target and model (legend
+ *  labels), xLabel, yLabel, xMin/xMax/yMin/yMax. */
+export function fitPlot(canvas, fit, { title = "fit", target = "target", model = "model",
+                                       xLabel = "x", yLabel = "y", ...ranges } = {}) {
+  linePlot(canvas, { title, xLabel, yLabel, ...ranges, empty: "waiting for the model",
+    series: fit ? [{ xs: fit.xs, ys: fit.target, color: COLORS.gray, width: 3, label: target },
+                   { xs: fit.xs, ys: fit.pred, color: COLORS.orange, width: 2,
+                     label: `${model}, step ${fit.step}` }] : [] });
+}
+
 /**
  * A grid of grayscale images: `images` holds n·h·w values (0..1, or lo..hi), row-major.
- * Options: cols, title, labels (one string under each image), lo, hi.
- * canvas.dataset.images is set to the number drawn (tests read it).
+ * Options: cols, title, labels (one string under each image), lo, hi, maxCell (largest
+ * image side in CSS pixels), rows (how many rows to make room for while there are none yet),
+ * empty (the text shown then). The images fill the canvas's width; the canvas's height is set
+ * to what the rows need. canvas.dataset.images (and .filled) is the number drawn,
+ * canvas.dataset.right the right edge of the drawn images (CSS pixels).
  */
 export function imageGrid(canvas, images, { n, h = 28, w = 28, cols = 8, title = "", labels,
-                                            lo = 0, hi = 1 } = {}) {
+                                            lo = 0, hi = 1, maxCell = 72, rows: wanted = 1,
+                                            empty = "no images yet" } = {}) {
+  const count = n ?? Math.floor(images.length / (h * w));
+  const width = canvas.clientWidth || canvas.width;
+  const lines = titleLines(canvas.getContext("2d"), title, width - 12).length;
+  const top = lines ? 8 + 16 * lines : 4, below = labels ? 16 : 0, gap = 4;
+  const rows = count ? Math.ceil(count / cols) : wanted;
+  const cell = Math.max(4, Math.min(maxCell, Math.floor((width - gap) / cols - gap)));
+  const height = `${top + rows * (cell + below + gap) + gap}px`;
+  if (canvas.style.height !== height) canvas.style.height = height;
   const { ctx, w: cw, h: ch } = fit(canvas);
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, cw, ch);
-  const count = n ?? Math.floor(images.length / (h * w));
-  const top = title ? 24 : 4, below = labels ? 16 : 4;
-  if (title) {
-    ctx.fillStyle = COLORS.ink;
-    ctx.font = "bold 13px system-ui, sans-serif";
-    ctx.textAlign = "left";
-    ctx.textBaseline = "top";
-    ctx.fillText(title, 6, 5);
+  drawTitle(ctx, title, cw);
+  canvas.dataset.images = canvas.dataset.filled = String(count);
+  const left = Math.max(0, Math.floor((cw - gap - cols * (cell + gap)) / 2));  // centred
+  canvas.dataset.right = String(left + Math.min(count, cols) * (cell + gap));  // drawn to
+  if (!count) {
+    ctx.fillStyle = COLORS.axis;
+    ctx.font = FONT;
+    ctx.textAlign = "center";
+    ctx.textBaseline = "middle";
+    ctx.fillText(empty, cw / 2, (top + ch) / 2);
+    return;
   }
-  canvas.dataset.images = String(count);
-  if (!count) return;
-  const rows = Math.ceil(count / cols);
-  const cell = Math.max(4, Math.floor(Math.min((cw - 8) / cols, (ch - top - 4) / rows - below)));
   const tile = new OffscreenCanvas(w, h);
   const tctx = tile.getContext("2d");
   const img = tctx.createImageData(w, h);
@@ -289,7 +359,8 @@ export function imageGrid(canvas, images, { n, h = 28, w = 28, cols = 8, title =
       img.data[4 * p + 3] = 255;
     }
     tctx.putImageData(img, 0, 0);
-    const x = 4 + (k % cols) * (cell + 4), y = top + Math.floor(k / cols) * (cell + below + 2);
+    const x = left + gap + (k % cols) * (cell + gap);
+    const y = top + Math.floor(k / cols) * (cell + below + gap);
     ctx.drawImage(tile, x, y, cell, cell);
     ctx.strokeStyle = COLORS.grid;
     ctx.strokeRect(x + 0.5, y + 0.5, cell - 1, cell - 1);
@@ -305,14 +376,8 @@ export function rgbImage(canvas, rgb, { h, w, title = "" } = {}) {
   const { ctx, w: cw, h: ch } = fit(canvas);
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, cw, ch);
-  const top = title ? 24 : 4;
-  if (title) {
-    ctx.fillStyle = COLORS.ink;
-    ctx.font = "bold 13px system-ui, sans-serif";
-    ctx.textAlign = "left";
-    ctx.textBaseline = "top";
-    ctx.fillText(title, 6, 5);
-  }
+  const top = drawTitle(ctx, title, cw);
+  canvas.dataset.filled = String(rgb ? h * w : 0);
   if (!rgb) return;
   const tile = new OffscreenCanvas(w, h);
   const tctx = tile.getContext("2d");
@@ -334,16 +399,8 @@ export function barChart(canvas, values, { labels = [], title = "", color = COLO
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, w, h);
   ctx.font = FONT;
-  const top = title ? 26 : 6;
-  if (title) {
-    ctx.fillStyle = COLORS.ink;
-    ctx.font = "bold 13px system-ui, sans-serif";
-    ctx.textAlign = "left";
-    ctx.textBaseline = "top";
-    ctx.fillText(title, 6, 6);
-    ctx.font = FONT;
-  }
-  canvas.dataset.bars = String(values?.length ?? 0);
+  const top = drawTitle(ctx, title, w);
+  canvas.dataset.bars = canvas.dataset.filled = String(values?.length ?? 0);
   if (!values?.length) return;
   const best = values.indexOf(Math.max(...values));
   const rowH = (h - top - 4) / values.length;

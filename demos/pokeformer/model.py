@@ -7,18 +7,16 @@ embedding as the LM head; D = 64, 4 heads. V = 27: a-z = 0..25, EOS = 26 (which 
 a name), T = 16. Batches of 32 names, loss mask normalized to sum 1; AdamW with lr linear
 0.005 → 0.0005 over 1,500 steps, weight decay 0.01, clipping at 1. Sampling runs in the
 graph: `categorical(logits / temperature)` as i32, with the temperature an input [1].
-Pure Python, so it runs natively and in the browser worker.
+The data, batches and training are demos/common/char_lm.py's. Pure Python, so it runs
+natively and in the browser worker.
 """
 
 from __future__ import annotations
 
-import math
-import random
-import zlib
-
 import tensorgrad as tg
 
 VOCAB, EOS, T = 27, 26, 16
+LETTER = 0  # the token of 'a'
 D, HEADS, LAYERS, HIDDEN = 64, 4, 2, 256
 BATCH = 32
 
@@ -65,71 +63,8 @@ def sample_fn(model: Pokeformer, tokens: tg.Tensor, temperature: tg.Tensor) -> t
 INPUTS = {"tokens": ((BATCH, T), "i32"), "targets": ((BATCH, T), "i32"), "mask": (BATCH, T)}
 VAL_INPUTS = {"tokens": ((None, T), "i32"), "targets": ((None, T), "i32"), "mask": (None, T)}
 SAMPLE_INPUTS = {"tokens": ((None, T), "i32"), "temperature": (1,)}
-SAMPLE_OUTPUT = "i32"
 
 
 def optimizer() -> tg.optim.AdamW:
     return tg.optim.AdamW(lr=tg.lr.linear(peak=0.005, final=0.0005, steps=1500),
                           weight_decay=0.01, clip_grad_norm=1.0)
-
-
-def clean(words: list[str]) -> list[str]:
-    return [w for w in words if w.isascii() and w.isalpha() and len(w) <= T - 1]
-
-
-def split(words: list[str]) -> tuple[list[str], list[str]]:
-    """(train, val): held out when crc32(name) % 10 == 0 (about 10%)."""
-    val = [w for w in words if zlib.crc32(w.encode()) % 10 == 0]
-    return [w for w in words if zlib.crc32(w.encode()) % 10 != 0], val
-
-
-def encode(word: str) -> list[int]:
-    return [EOS] + [ord(c) - 97 for c in word] + [EOS] * (T - len(word))
-
-
-def batch(words: list[str]) -> dict:
-    tokens, targets, mask = [], [], []
-    for w in words:
-        seq = encode(w)
-        tokens += seq[:T]
-        targets += seq[1:T + 1]
-        mask += [1.0 if t <= len(w) else 0.0 for t in range(T)]
-    total = sum(mask)
-    return {"tokens": tokens, "targets": targets, "mask": [m / total for m in mask]}
-
-
-def unigram_loss(train: list[str], val: list[str]) -> float:
-    counts = [1.0] * VOCAB
-    for w in train:
-        for c in encode(w)[1:len(w) + 2]:
-            counts[c] += 1
-    total = sum(counts)
-    seq = [c for w in val for c in encode(w)[1:len(w) + 2]]
-    return -sum(math.log(counts[c] / total) for c in seq) / len(seq)
-
-
-async def sample(sample_run, n: int, rng: random.Random, temperature: float = 1.0
-                 ) -> list[str]:
-    """n names: the in-graph sampler run once per character (`rng` is unused: the graph's
-    PRNG draws)."""
-    rows = [[EOS] * T for _ in range(n)]
-    done = [False] * n
-    for pos in range(T - 1):
-        res = await sample_run(tokens=[t for r in rows for t in r], temperature=[temperature])
-        if res.kind != "completed":
-            raise RuntimeError(f"sample: {res.kind} {getattr(res, 'error', '')}")
-        o = res.output
-        ids = o.reshape(-1).tolist() if hasattr(o, "reshape") else memoryview(o).cast("B").cast("i").tolist()
-        for i in range(n):
-            if not done[i]:
-                c = ids[i * T + pos]
-                done[i] = c == EOS
-                rows[i][pos + 1] = c
-        if all(done):
-            break
-    names = []
-    for row in rows:
-        letters = row[1:]
-        end = letters.index(EOS) if EOS in letters else len(letters)
-        names.append("".join(chr(97 + c) for c in letters[:end]))
-    return names

@@ -9,10 +9,10 @@ the exact critic (model.Critic, refreshed every 4 rollouts). Besides the shared 
     {kind: "rollout", step, wins, draws, losses}   each rollout's 32 results (policy's side)
     {kind: "eval", step, wins, draws, losses, games, x_wins, ..., o_losses, o_games,
      x_win, x_draw, x_loss, o_win, o_draw, o_loss}
-        every `every` rollouts: the greedy policy (argmax) plays `games` games against random
-        moves, half as X (moving first) and half as O (its own random generator, so the
-        evaluations do not change training); x_loss/o_loss are the exact probabilities of a
-        loss from each seat (model.exact_vs_random: every random reply followed)
+        on the evaluation schedule: the greedy policy (argmax) plays `games` games against
+        random moves, half as X (moving first) and half as O (its own random generator, so
+        the evaluations do not change training); x_loss/o_loss are the exact probabilities
+        of a loss from each seat (model.exact_vs_random: every random reply followed)
 
 Measured natively (lavapipe, an evaluation every 50 rollouts, `until` on): the greedy policy's
 exact loss probability is 0 from both seats, so it loses to no sequence of moves at all, at
@@ -37,40 +37,25 @@ import demo_common as dc
 D = dc.Script(globals(), "tic_tac_toe",
               {"steps": 1500, "seed": 1, "every": 10, "games": 200, "until": 0})
 STATE = D.state
+SEATS = [f"{s}_{k}" for s in ("x", "o") for k in ("wins", "draws", "losses", "games")]
 
 
-async def setup() -> None:
-    m = await D.module("model")
-    train = await D.compile(model=m.Policy(), loss=m.loss_fn, inputs=m.INPUTS,
-                            optimizer=m.optimizer(int(D.cfg["steps"])))
-    if "sample" not in STATE:
-        STATE.update(probs=await train.attach(forward=m.probs_fn, inputs=m.PLAY_INPUTS),
-                     critic=m.Critic(),
-                     greedy=await train.attach(forward=m.greedy_fn, inputs=m.PLAY_INPUTS,
-                                               output="i32"),
-                     **rngs(), evals=[])
-
-
-def rngs() -> dict:
-    """Fresh random generators: one for the training games, one for the evaluations."""
-    seed = int(D.cfg["seed"])
-    return {"rng": random.Random(seed), "eval_rng": random.Random(seed + 1_000_003)}
+def eval_rng() -> random.Random:
+    """The evaluations' own random generator (so they do not change training)."""
+    return STATE.setdefault("eval_rng", random.Random(int(D.cfg["seed"]) + 1_000_003))
 
 
 async def next_rollout() -> dict:
     m = STATE["module:model"]
-    batch, stats = await m.rollout(STATE["probs"], STATE["critic"], STATE["rng"])
-    D.post("rollout", step=STATE["step"] + 1, **stats)
+    batch, stats = await m.rollout(STATE["probs"], STATE["critic"], D.rng)
+    D.post("rollout", step=D.step + 1, **stats)
     return batch
 
 
 async def evaluate() -> dict:
     m = STATE["module:model"]
-    ev = await m.versus_random(STATE["greedy"], int(D.cfg["games"]), STATE["eval_rng"])
+    ev = await m.versus_random(STATE["greedy"], int(D.cfg["games"]), eval_rng())
     ev.update(await m.exact_vs_random(STATE["greedy"]))
-    ev["step"] = STATE["step"]
-    STATE["evals"].append(ev)
-    D.post("eval", **ev)
     return ev
 
 
@@ -80,36 +65,36 @@ async def policy_move(cells: list[int], me: int) -> int:
     return (await STATE["module:model"].moves(STATE["greedy"], [list(cells)], [me]))[0]
 
 
+async def setup() -> None:
+    m = await D.module("model")
+    await D.compile(model=m.Policy(), loss=m.loss_fn, inputs=m.INPUTS,
+                    optimizer=m.optimizer(int(D.cfg["steps"])))
+    await D.attach("probs", forward=m.probs_fn, inputs=m.PLAY_INPUTS)
+    await D.attach("greedy", forward=m.greedy_fn, inputs=m.PLAY_INPUTS, output="i32")
+    STATE.setdefault("critic", m.Critic())
+
+
 async def reset() -> None:
     await D.reset()
-    STATE.update(**rngs(), evals=[])
+    STATE.pop("eval_rng", None)
+
+
+def figures(last: dict) -> dict:
+    n = last["games"]
+    return {"games": n, "win_rate": last["wins"] / n, "draw_rate": last["draws"] / n,
+            "loss_rate": last["losses"] / n, "losses_vs_random": last["losses"],
+            **{k: last[k] for k in SEATS}, "x_loss_prob": last["x_loss"],
+            "o_loss_prob": last["o_loss"]}
 
 
 async def main() -> dict:
     D.config()
     await setup()
-    if STATE["step"] == 0:
-        await evaluate()
-
-    async def progress(step: int, loss: float, rate: float) -> None:
-        ev = await evaluate()
-        D.log(f"rollout {step:4d}  vs random (win/draw/loss): as X {ev['x_wins']}/"
-              f"{ev['x_draws']}/{ev['x_losses']}, as O {ev['o_wins']}/{ev['o_draws']}/"
-              f"{ev['o_losses']}; exact P(loss) X {ev['x_loss']:.4f} O {ev['o_loss']:.4f}  "
-              f"{rate:.1f} rollouts/s")
-        if D.cfg.get("until") and ev["x_loss"] == 0 and ev["o_loss"] == 0:
-            D.control["stop"] = True
-
-    run = await D.train_each(STATE["train"], next_rollout, on_every=progress)
-    last = STATE["evals"][-1]
-    if last["step"] != STATE["step"]:
-        last = await evaluate()
-    n = last["games"]
-    return D.figures(run, games=n, win_rate=last["wins"] / n, draw_rate=last["draws"] / n,
-                     loss_rate=last["losses"] / n, losses_vs_random=last["losses"],
-                     **{f"{s}_{k}": last[f"{s}_{k}"] for s in ("x", "o")
-                        for k in ("wins", "draws", "losses", "games")},
-                     x_loss_prob=last["x_loss"], o_loss_prob=last["o_loss"])
+    return await D.run(next_rollout, evaluate=evaluate, each=True, figures=figures,
+                       line="vs random (win/draw/loss): as X {x_wins}/{x_draws}/{x_losses}, "
+                       "as O {o_wins}/{o_draws}/{o_losses}; exact P(loss) X {x_loss:.4f} "
+                       "O {o_loss:.4f}",
+                       until=lambda ev: ev["x_loss"] == 0 and ev["o_loss"] == 0)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ class TrainingRun:
 
 
 async def train_steps(train: Any, next_batch: Callable[[], Mapping[str, Any]], steps: int, *,
-                      start_step: int = 0, every: int = 100,
+                      start_step: int = 0, every: int | Callable[[int], bool] = 100,
                       on_every: Callable[[int, float, float], Awaitable[None]] | None = None,
                       should_stop: Callable[[], bool] = lambda: False,
                       losses: list[float] | None = None, max_pending: int = 50,
@@ -106,8 +106,10 @@ async def train_steps(train: Any, next_batch: Callable[[], Mapping[str, Any]], s
 
     Posts `{kind: "loss", step, losses}` (a Float32Array of consecutive per-step losses,
     `step` the first one's number) at least every `stream_seconds`; every `every` steps
+    (or, when `every` is a function of the step number, after each step it is true for)
     awaits `on_every(step, loss, steps_per_s since the last call)`. Stops early when
     `should_stop()` is true; a step that does not complete raises RuntimeError."""
+    due = every if callable(every) else lambda step: step % every == 0
     run = TrainingRun(start_step)
     pending = array.array("f")
     t_run = t_mark = t_post = time.perf_counter()
@@ -135,7 +137,7 @@ async def train_steps(train: Any, next_batch: Callable[[], Mapping[str, Any]], s
             pending.append(result.loss)
             if len(pending) >= max_pending or time.perf_counter() - t_post > stream_seconds:
                 flush()
-            if on_every is not None and run.step % every == 0:
+            if on_every is not None and due(run.step):
                 flush()
                 rate = (run.step - mark) / (time.perf_counter() - t_mark)
                 await on_every(run.step, result.loss, rate)

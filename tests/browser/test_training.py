@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.models import demo
+
 from .conftest import Page
 
 MODEL = """
@@ -182,14 +184,6 @@ def run_native() -> Iterator[Callable[[Coroutine[Any, Any, Any]], Any]]:
         yield lambda coro: pool.submit(asyncio.run, coro).result()
 
 
-def _demo_module(demo: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"{demo}_model_native",
-                                                  ROOT / "demos" / demo / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 async def _native_losses(m: Any, batches: list[dict[str, Any]], seed: int) -> dict[str, Any]:
     import tensorgrad as tg
     from tensorgrad.gpu.native import request_native_device
@@ -212,7 +206,7 @@ async def _native_losses(m: Any, batches: list[dict[str, Any]], seed: int) -> di
 
 
 def test_transformer_losses_match_native(tg: Page, web_url: str, run_native: Any) -> None:
-    m = _demo_module("addition_transformer")
+    m = demo("addition_transformer")
     rng = random.Random(TRANSFORMER_SEED)
     batches = [m.batch(rng) for _ in range(TRANSFORMER_STEPS)]
     t0 = time.perf_counter()

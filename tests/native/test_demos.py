@@ -68,8 +68,8 @@ def test_digit_canvas_mlp_reaches_95_percent_and_swaps_models(gpu_device, monkey
     assert figures["test_acc"] >= 0.95 and figures["hidden"] == 128, figures
 
     async def canvas_and_params() -> None:
-        images, labels = await mod.D.mnist("test")
-        one = [float(v) for v in images[:784]]
+        test = await mod.D.mnist("test")
+        one, labels = [float(v) for v in test.images[:784]], test.labels
         first, second = await asyncio.gather(mod.canvas_predict(one), mod.canvas_predict(one))
         # single-flight: of two calls at once the first either ran or was superseded
         assert second is not None and len(second) == 10
@@ -90,6 +90,9 @@ def test_digit_canvas_mlp_reaches_95_percent_and_swaps_models(gpu_device, monkey
         assert again is not None and max(abs(a - b) for a, b in zip(again, second)) < 1e-5
 
     asyncio.run(canvas_and_params())
+    # the page's drawing asks canvas_predict on every stroke: MNIST loads (and says so) once
+    logs = [p["text"] for p in posts if p.get("kind") == "log"]
+    assert sum(text.startswith("loading MNIST") for text in logs) == 1, logs
 
 
 def test_cartpole_reaches_mean_episode_length_150(gpu_device, monkeypatch) -> None:
@@ -100,7 +103,7 @@ def test_cartpole_reaches_mean_episode_length_150(gpu_device, monkeypatch) -> No
     assert episodes[0]["mean"] < 50, episodes[0]   # a random policy falls within ~20 steps
     assert figures["mean_length_avg10"] >= 150, figures
     assert all(1 <= n <= 200 for e in episodes for n in e["lengths"])
-    trajectory = kinds(posts, "trajectory")[-1]
+    trajectory = kinds(posts, "eval")[-1]
     assert len(trajectory["xs"]) == len(trajectory["thetas"]) > 1
 
 
@@ -108,7 +111,7 @@ def test_kan_fits_sin_below_1e_3_and_reports_its_splines(gpu_device, monkeypatch
     mod = load_script("kan")
     figures, posts = run_script(mod, gpu_device, monkeypatch, steps=400, every=200, seed=1)
     assert figures["fit_mse"] < 1e-3 and figures["loss_avg10"] < 1e-3, figures
-    first, last = kinds(posts, "splines")[0], kinds(posts, "splines")[-1]
+    first, last = kinds(posts, "eval")[0], kinds(posts, "eval")[-1]
     assert len(last["layer1"]) == 4 and len(last["layer2"]) == 4
     assert all(len(c) == 101 for c in last["layer1"] + last["layer2"])
     assert last["layer1"] != first["layer1"]  # the edge functions moved
@@ -141,7 +144,7 @@ def test_tic_tac_toe_never_loses_after_training(gpu_device, monkeypatch) -> None
 def test_vae_loss_falls_below_40(gpu_device, monkeypatch) -> None:
     mod = load_script("vae")
     figures, posts = run_script(mod, gpu_device, monkeypatch, steps=300, every=150, seed=1)
-    pictures = kinds(posts, "pictures")
+    pictures = kinds(posts, "eval")
     assert pictures[0]["test_recon"] > 45, pictures[0]["test_recon"]
     assert figures["loss_avg10"] < 40 and figures["test_recon_error"] < 30, figures
     assert len(pictures[-1]["samples"]) == 16 * 784 and len(pictures[-1]["recons"]) == 16 * 784
@@ -150,7 +153,7 @@ def test_vae_loss_falls_below_40(gpu_device, monkeypatch) -> None:
 def test_nerf_image_mse_falls_below_0_006(gpu_device, monkeypatch) -> None:
     mod = load_script("nerf")
     figures, posts = run_script(mod, gpu_device, monkeypatch, steps=400, every=200, seed=1)
-    renders = kinds(posts, "render")
+    renders = kinds(posts, "eval")
     assert renders[0]["mse"] > 0.03, renders[0]["mse"]   # the untrained field is far off
     assert figures["image_mse"] < 0.006 and figures["psnr"] > 22, figures
     assert len(renders[-1]["rgb"]) == 64 * 64 * 3
@@ -164,7 +167,7 @@ def test_flow_matching_loss_falls_below_1_3(gpu_device, monkeypatch) -> None:
                                 seed=1)
     losses = mod.STATE["losses"]
     assert losses[0] > 1.5 and sum(losses[-4:]) / 4 < 1.3, losses
-    samples = kinds(posts, "samples")[-1]
+    samples = kinds(posts, "eval")[-1]
     assert samples["n"] == 2 and len(samples["images"]) == 2 * 784
     assert all(abs(v) < 50 for v in samples["images"])
 

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DEMOS = sorted(p.parent.name for p in ROOT.glob("demos/*/index.html")
                if "new Demo(" in p.read_text())
+COMMON_IMPORT = re.compile(r'from "\.\./common/(\w+\.js)"')
 
 
 def script_settings(name: str) -> set[str]:
@@ -30,10 +31,15 @@ def script_settings(name: str) -> set[str]:
 
 
 def page_settings(name: str) -> set[str]:
+    """The keys of the `defaults: {...}` of the page's Demo description: in its index.html,
+    or in a demos/common module it imports the description from (char_lm.js)."""
     html = (ROOT / "demos" / name / "index.html").read_text()
-    match = re.search(r"defaults:\s*\{([^}]*)\}", html)
-    assert match, f"{name}/index.html: no `defaults: {{...}}` in its Demo(...)"
-    return set(re.findall(r"(\w+)\s*:", match.group(1)))
+    found = re.findall(r"defaults:\s*\{([^}]*)\}", html) or [
+        m for module in COMMON_IMPORT.findall(html)
+        for m in re.findall(r"^\s+defaults:\s*\{([^}]*)\}",
+                            (ROOT / "demos" / "common" / module).read_text(), re.MULTILINE)]
+    assert len(found) == 1, f"{name}/index.html: {len(found)} `defaults: {{...}}` (want one)"
+    return set(re.findall(r"(\w+)\s*:", found[0]))
 
 
 def test_every_demo_page_is_checked() -> None:

@@ -17,6 +17,7 @@ No GPU.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ import torch
 
 import tensorgrad as tg
 from tensorgrad.reference import evaluate
+from tests.models import addition_transformer
 
 RTOL = 1e-5
 
@@ -139,81 +141,59 @@ def test_mlp_twin_uses_torch_linear_layout() -> None:
     _assert_close("grad of l2.b", grads["l2.b"], l2.bias.grad.numpy())
 
 
-# ---- 1-block transformer -------------------------------------------------------------------
+# ---- the addition demo's transformer -------------------------------------------------------
+# demos/addition_transformer/model.py itself (3 pre-LayerNorm blocks, D = 64, 4 heads, tied
+# LM head, loss on the answer positions), against a PyTorch twin written from its docstring.
 
-V, D, H, T, B, HIDDEN = 11, 16, 2, 6, 3, 32
-
-
-class Block(tg.Module):
-    def __init__(self) -> None:
-        self.ln1 = tg.LayerNorm(D)
-        self.q = tg.Linear(D, D, bias=False)
-        self.k = tg.Linear(D, D, bias=False)
-        self.v = tg.Linear(D, D, bias=False)
-        self.o = tg.Linear(D, D, bias=False)
-        self.ln2 = tg.LayerNorm(D)
-        self.up = tg.Linear(D, HIDDEN)
-        self.down = tg.Linear(HIDDEN, D)
-
-    def forward(self, x: tg.Tensor) -> tg.Tensor:
-        h = self.ln1(x)
-        q = tg.split_heads(self.q(h), H)
-        k = tg.split_heads(self.k(h), H)
-        v = tg.split_heads(self.v(h), H)
-        att = tg.softmax_causal((q @ tg.swap_axes(k, -1, -2)) * (1.0 / math.sqrt(D // H)))
-        x = x + self.o(tg.merge_heads(att @ v))
-        return x + self.down(tg.relu(self.up(self.ln2(x))))
-
-
-class TinyTransformer(tg.Module):
-    def __init__(self) -> None:
-        self.tok = self.param((V, D))
-        self.pos = self.param((T, D))
-        self.block = Block()
-        self.ln_f = tg.LayerNorm(D)
-
-    def forward(self, tokens: tg.Tensor) -> tg.Tensor:
-        x = tg.embedding(self.tok, tokens) + self.pos
-        return self.ln_f(self.block(x)) @ tg.swap_axes(self.tok, 0, 1)  # tied head
-
-
-def tf_loss(m: TinyTransformer, tokens: tg.Tensor, targets: tg.Tensor) -> tg.Tensor:
-    return tg.cross_entropy(m(tokens), targets)
+AT = addition_transformer()
+B = 3
 
 
 def _ln(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.layer_norm(x, (D,), g, b, eps=1e-5)
+    return torch.nn.functional.layer_norm(x, g.shape, g, b, eps=1e-5)
 
 
 def torch_tf_loss(p: dict[str, torch.Tensor], d: dict[str, torch.Tensor]) -> torch.Tensor:
-    tokens, targets = d["tokens"].long(), d["targets"].long()
-    x = p["tok"][tokens] + p["pos"]                                    # [B, T, D]
-    h = _ln(x, p["block.ln1.g"], p["block.ln1.b"])
+    tokens, targets, mask = d["tokens"].long(), d["targets"].long(), d["mask"].double()
+    b, t = tokens.shape
+    heads = AT.HEADS
+    x = p["tok_emb"][tokens] + p["pos_emb"][:t]                       # [B, T, D]
 
-    def heads(z: torch.Tensor) -> torch.Tensor:                        # [B, H, T, D/H]
-        return z.reshape(B, T, H, D // H).transpose(1, 2)
+    def split(z: torch.Tensor) -> torch.Tensor:                       # [B, H, T, D/H]
+        return z.reshape(b, t, heads, AT.D // heads).transpose(1, 2)
 
-    q, k, v = (heads(h @ p[f"block.{n}.W"]) for n in "qkv")
-    scores = q @ k.transpose(-1, -2) / math.sqrt(D // H)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    att = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-    x = x + (att @ v).transpose(1, 2).reshape(B, T, D) @ p["block.o.W"]
-    u = torch.relu(_ln(x, p["block.ln2.g"], p["block.ln2.b"]) @ p["block.up.W"]
-                   + p["block.up.b"])
-    x = x + u @ p["block.down.W"] + p["block.down.b"]
-    logits = _ln(x, p["ln_f.g"], p["ln_f.b"]) @ p["tok"].T
-    return torch.nn.functional.cross_entropy(logits.reshape(B * T, V), targets.reshape(-1))
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    for i in range(AT.LAYERS):
+        w = {k[len(f"blocks.{i}."):]: v for k, v in p.items() if k.startswith(f"blocks.{i}.")}
+        h = _ln(x, w["ln1.g"], w["ln1.b"])
+        q, k, v = (split(h @ w[f"{n}.W"]) for n in "qkv")
+        scores = q @ k.transpose(-1, -2) / math.sqrt(AT.D // heads)
+        att = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        x = x + (att @ v).transpose(1, 2).reshape(b, t, AT.D) @ w["o.W"]
+        u = torch.relu(_ln(x, w["ln2.g"], w["ln2.b"]) @ w["up.W"] + w["up.b"])
+        x = x + u @ w["down.W"] + w["down.b"]
+    logits = _ln(x, p["ln_f.g"], p["ln_f.b"]) @ p["tok_emb"].T
+    ce = torch.nn.functional.cross_entropy(logits.reshape(b * t, AT.VOCAB), targets.reshape(-1),
+                                           reduction="none").reshape(b, t)
+    return (ce * mask).sum() / (b * (t - AT.ANSWER_FROM))
+
+
+def _addition_data(rng: np.random.Generator) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Random tokens and targets, the answer mask; and the inputs declaration."""
+    data = {"tokens": rng.integers(0, AT.VOCAB, (B, AT.T)).astype(np.int32),
+            "targets": rng.integers(0, AT.VOCAB, (B, AT.T)).astype(np.int32),
+            "mask": np.asarray(AT.answer_mask(), np.float32)}
+    inputs = {"tokens": ((B, AT.T), "i32"), "targets": ((B, AT.T), "i32"), "mask": (AT.T,)}
+    return data, inputs
 
 
 def test_transformer_block_matches_torch() -> None:
     rng = np.random.default_rng(3)
-    model = TinyTransformer()
+    model = AT.AdditionTransformer()
     params = _random_params(model, rng)
-    assert len(params) == 16
-    data = {"tokens": rng.integers(0, V, (B, T)).astype(np.int32),
-            "targets": rng.integers(0, V, (B, T)).astype(np.int32)}
-    inputs = {"tokens": ((B, T), "i32"), "targets": ((B, T), "i32")}
-    _compare(model, tf_loss, inputs, params, data, torch_tf_loss)
+    assert len(params) == 4 + 12 * AT.LAYERS  # embeddings, final norm, 12 per block
+    data, inputs = _addition_data(rng)
+    _compare(model, AT.loss_fn, inputs, params, data, torch_tf_loss)
 
 
 @pytest.mark.parametrize("twin", ["mlp", "transformer"])
@@ -227,11 +207,9 @@ def test_twin_detects_a_wrong_gradient(twin: str) -> None:
         inputs = {"x": (7, 5), "y": (7, 3)}
         key = "l1.W"
     else:
-        model, loss_fn, torch_loss = TinyTransformer(), tf_loss, torch_tf_loss
-        data = {"tokens": rng.integers(0, V, (B, T)).astype(np.int32),
-                "targets": rng.integers(0, V, (B, T)).astype(np.int32)}
-        inputs = {"tokens": ((B, T), "i32"), "targets": ((B, T), "i32")}
-        key = "block.q.W"
+        model, loss_fn, torch_loss = AT.AdditionTransformer(), AT.loss_fn, torch_tf_loss
+        data, inputs = _addition_data(rng)
+        key = "blocks.0.q.W"
     params = _random_params(model, rng)
     wrong = dict(params)
     wrong[key] = params[key] + np.float32(1e-3)
