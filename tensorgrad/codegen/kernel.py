@@ -40,6 +40,10 @@ class Target:
     # Shader compiles dear enough that code written out for speed does not pay for itself
     # (SwiftShader: 60-180 ms per matmul kernel, lavapipe 4-8 ms).
     costly_compiles: bool = False
+    # The first tier of a tiered start (Options.tiered): kernels chosen for the quickest
+    # compile (naive matmuls, ~15 ms a pipeline on SwiftShader against 100-900 ms for a
+    # register block with stitched ops), run until the optimized ones are compiled.
+    quick: bool = False
 
     @staticmethod
     def for_device(limits: DeviceLimits, info: AdapterInfo) -> Target:

@@ -101,6 +101,16 @@ export async function createKernels(state, sources, labels) {
   }));
 }
 
+// createKernels in the background: a job whose `done` turns true once every pipeline is
+// settled; `promise` resolves to what createKernels gives.
+export function startKernels(state, sources, labels) {
+  const job = { done: false, promise: null };
+  job.promise = createKernels(state, sources, labels)
+    .finally(() => { job.done = true; });
+  job.promise.catch(() => {});
+  return job;
+}
+
 // steps: ["d", pipeline, [[buffer, offset, size], ...], x, y, z, label] (size 0: the rest of
 // the buffer) | ["c", src, srcOffset, dst, dstOffset, size]
 export function createProgram(state, steps, chunkSize) {

@@ -449,6 +449,8 @@ def _emit(ctx: EmitContext) -> Kernel:
     spec = MatmulSpec(batch, m, k, n, ta, tb, b_batched=batched,
                       zeros_a=ctx.node.attrs.get("zeros_a"),
                       zeros_b=ctx.node.attrs.get("zeros_b"))
+    if ctx.target.quick and FORCE_VARIANT is None:  # a tiered start's first kernels
+        return emit_matmul(ctx, spec, "naive")
     storage = ctx.target.limits.max_compute_workgroup_storage_size
     return emit_matmul(ctx, spec, choose_variant(spec, not ctx.target.software, storage,
                                                  ctx.target.costly_compiles))
