@@ -122,6 +122,7 @@ class Compilation:
     kernels: list[Kernel] = field(default_factory=list)
     store: ParamStore | None = None
     executable: Executable | None = None
+    tiered: bool = False  # a tiered start: `kernels` are the quick tier (Options.tiered)
     done: list[str] = field(default_factory=list)  # the stages run so far
 
     @property
@@ -235,7 +236,15 @@ def _plan(c: Compilation, o: Options) -> None:
 def _emit(c: Compilation, o: Options) -> None:
     no_kernel = c.plan.no_kernel if c.plan is not None else frozenset()
     target = o.target or Target(limits=o.limits)
-    c.kernels = emit_graph(c.graph, replace(target, quick=o.tiered_start), OPS, no_kernel)
+    c.tiered = o.tiered_start
+    c.kernels = emit_graph(c.graph, replace(target, quick=c.tiered), OPS, no_kernel)
+    if c.tiered and o.tiered is None and any(k.quick_refused for k in c.kernels):
+        # Large matmuls keep their slow-to-compile kernels in the quick tier too: a tiered
+        # start would save little compile time and run its first steps slower (the addition
+        # transformer on SwiftShader: 7.3 s to compile + 8.2 s for a first step, against
+        # 12.0 + 1.6 s untiered). Where chosen automatically, it is not done.
+        c.tiered = False
+        c.kernels = emit_graph(c.graph, target, OPS, no_kernel)
 
 
 def _build(c: Compilation, o: Options) -> None:
@@ -243,7 +252,7 @@ def _build(c: Compilation, o: Options) -> None:
         raise ValueError("compile: the build stage needs a device (Options.for_device)")
     assert c.plan is not None
     upgrade = None
-    if o.tiered_start:
+    if c.tiered:
         graph, target = c.graph, o.target or Target(limits=o.limits)
         no_kernel = c.plan.no_kernel
 

@@ -20,13 +20,16 @@ class Kernel:
     """One compute shader for one node. Bindings: the node's inputs in order (read), then
     the output (read_write). `threads` invocations are launched (0: nothing to dispatch).
     `vector_inputs`: the input slots bound as `array<vec4<f32>>` (element 4 q + j of the
-    input is lane j of `in{slot}[q]`), which a stitched prologue must provide as such."""
+    input is lane j of `in{slot}[q]`), which a stitched prologue must provide as such.
+    `quick_refused`: emitted for a quick target (:attr:`Target.quick`) but the optimized
+    kernel all the same, a quick one being too slow to run (a large matmul)."""
 
     wgsl: str
     threads: int
     workgroup_size: int = 256
     label: str = ""
     vector_inputs: frozenset[int] = frozenset()
+    quick_refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def emit_node(graph: Graph, node: Node, target: Target, ops: Mapping[str, HasEmi
         raise NotImplementedError(f"op '{node.op}' has no WGSL emitter")
     kernel = emit(EmitContext(node, tuple(graph[i] for i in node.inputs), target))
     return Kernel(kernel.wgsl, kernel.threads, kernel.workgroup_size, node.describe(),
-                  kernel.vector_inputs)
+                  kernel.vector_inputs, kernel.quick_refused)
 
 
 def emit_graph(graph: Graph, target: Target, ops: Mapping[str, HasEmitter],
