@@ -175,17 +175,23 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
 
 
 def print_table(summary: dict[str, dict[str, Any]], launches: int) -> None:
+    """Per workload the medians of every contender, and the ratios of tensorgrad's page
+    client to jax-js (and to the baseline's page client, with --baseline)."""
     for kind, rows in summary.items():
         print(f"\n{kind} (median of {launches} launches)")
         whos = list(rows)
-        print(f"  {'':16}" + "".join(f"{w:>22}" for w in whos) + f"{'tg page / jax':>16}")
+        pairs = [(b, f"tg page / {b.split()[0]}") for b in ("jax-js page", "before page")
+                 if b in rows and "tensorgrad page" in rows]
+        print(f"  {'':16}" + "".join(f"{w:>20}" for w in whos)
+              + "".join(f"{title:>20}" for _, title in pairs))
         for name, _, unit in FIGURES:
             cells = [rows[w][name] for w in whos]
-            text = "".join(f"{'—' if c is None else f'{c:,.1f} {unit}':>22}" for c in cells)
-            ours, theirs = rows.get("tensorgrad page", {}).get(name), rows.get(
-                "jax-js page", {}).get(name)
-            ratio = f"{ours / theirs:.2f}×" if ours and theirs else "—"
-            print(f"  {name:16}{text}{ratio:>16}")
+            text = "".join(f"{'—' if c is None else f'{c:,.1f} {unit}':>20}" for c in cells)
+            ours = rows.get("tensorgrad page", {}).get(name)
+            for other, _ in pairs:
+                theirs = rows[other].get(name)
+                text += f"{f'{ours / theirs:.2f}x' if ours and theirs else '—':>20}"
+            print(f"  {name:16}{text}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,9 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--contender", action="append", choices=[
-        f"{lib}:{mode}" for lib, mode in CONTENDERS], help="run only these (repeatable)")
+        f"{lib}:{mode}" for lib, mode in (*CONTENDERS, ("before", "page"), ("before", "script"))],
+        help="run only these (repeatable)")
     parser.add_argument("--no-build", action="store_true", help="serve dist/web/ as it is")
     parser.add_argument("--web", type=Path, help="serve this built bundle instead of dist/web/")
+    parser.add_argument("--baseline", type=Path, help="another built bundle (e.g. an older "
+                        "commit's dist/web/), run as the contenders 'before:page' and "
+                        "'before:script' in the same launches")
     parser.add_argument("--smoke", action="store_true",
                         help="one launch, 3 steps each: check that every page runs")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per page")
@@ -214,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     kinds = args.only or list(DEMOS)
     steps = {"mlp": args.mlp_steps, "transformer": args.transformer_steps}
     steps = {k: steps[k] for k in kinds}
-    contenders = [c for c in CONTENDERS
-                  if not args.contender or f"{c[0]}:{c[1]}" in args.contender]
+    known = [*CONTENDERS, *((("before", "page"), ("before", "script")) if args.baseline
+                            else ())]
+    contenders = [c for c in known if not args.contender or f"{c[0]}:{c[1]}" in args.contender]
     if not JAX_JS.is_dir():
         raise SystemExit(f"jax-js is missing ({JAX_JS}): npm ci installs the devDependencies")
 
@@ -228,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tg-peers-") as tmp:
         write_fixtures(Path(tmp), steps, args.check, args.warmup)
-        server = build.serve_web(directory=args.web or build.WEB, quiet=True, mounts={
-            "/bench-peers/": PEERS, "/jax-js/": JAX_JS / "dist", "/peers-data/": Path(tmp)})
+        mounts = {"/bench-peers/": PEERS, "/jax-js/": JAX_JS / "dist", "/peers-data/": Path(tmp)}
+        if args.baseline:
+            mounts["/before/"] = args.baseline
+        server = build.serve_web(directory=args.web or build.WEB, quiet=True, mounts=mounts)
         url = build.server_url(server)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=str(build.CHROMIUM),
@@ -241,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                     for lib, mode in contenders:
                         page = "jaxjs.html" if lib == "jax-js" else "tensorgrad.html"
                         query = (f"?kind={kind}&mode={mode}&check={args.check}&warmup="
-                                 f"{args.warmup}&steps={steps[kind]}")
+                                 f"{args.warmup}&steps={steps[kind]}"
+                                 + ("&root=/before/" if lib == "before" else ""))
                         t0 = time.perf_counter()
                         run = run_page(browser, f"{url}bench-peers/{page}{query}", args.timeout)
                         if not run.get("ok"):
@@ -249,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"  [{launch + 1}] {kind} {lib} {mode}: FAILED "
                                   f"{run.get('error')}", flush=True)
                             continue
+                        run["library"] = lib
                         results.setdefault(f"{kind}|{lib} {mode}", []).append(run)
                         rates = ", ".join(f"{k} {v:.2f}" for k, v in run["stepsPerS"].items())
                         print(f"  [{launch + 1}] {kind} {lib} {mode}: ready {run['readyMs']:.0f}"
