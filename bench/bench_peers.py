@@ -106,7 +106,7 @@ def make_fixture(kind: str, batches: int, seed: int = SEED) -> tuple[dict[str, A
 
 def write_fixtures(folder: Path, steps: dict[str, int], check: int, warmup: int) -> None:
     for kind, n in steps.items():
-        meta, blob = make_fixture(kind, check + warmup + 2 * n)
+        meta, blob = make_fixture(kind, check + warmup + 2 * n + 20)  # (cycled past that)
         (folder / f"{kind}.json").write_text(json.dumps(meta))
         (folder / f"{kind}.bin").write_bytes(blob)
 
@@ -203,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transformer-steps", type=int, default=8)
     parser.add_argument("--check", type=int, default=5, help="first steps whose losses must "
                         "agree between the libraries (default 5)")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up steps (at least)")
+    parser.add_argument("--warmup-seconds", type=float, default=5, help="warm-up steps go "
+                        "on until this long after the first step (a tiered start swaps its "
+                        "optimized kernels in meanwhile; default 5)")
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--contender", action="append", choices=[
         f"{lib}:{mode}" for lib, mode in (*CONTENDERS, ("before", "page"), ("before", "script"))],
@@ -220,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.launches, args.mlp_steps, args.transformer_steps = 1, 3, 2
-        args.check, args.warmup = 2, 1
+        args.check, args.warmup, args.warmup_seconds = 2, 1, 0
     kinds = args.only or list(DEMOS)
     steps = {"mlp": args.mlp_steps, "transformer": args.transformer_steps}
     steps = {k: steps[k] for k in kinds}
@@ -254,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                     for lib, mode in contenders:
                         page = "jaxjs.html" if lib == "jax-js" else "tensorgrad.html"
                         query = (f"?kind={kind}&mode={mode}&check={args.check}&warmup="
-                                 f"{args.warmup}&steps={steps[kind]}"
+                                 f"{args.warmup}&steps={steps[kind]}&warmupSeconds="
+                                 f"{args.warmup_seconds}"
                                  + ("&root=/before/" if lib == "before" else ""))
                         t0 = time.perf_counter()
                         run = run_page(browser, f"{url}bench-peers/{page}{query}", args.timeout)

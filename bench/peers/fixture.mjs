@@ -31,12 +31,22 @@ export async function loadFixture(kind) {
   return { meta, params, shapes, decay, inputShapes, batch };
 }
 
+// Warm-up: `count` steps at least, and until `seconds` have passed since `since` (a
+// tiered start swaps its optimized kernels in after a few seconds of steps: steady speed is
+// measured after it, for every library alike). Returns the next batch index.
+export async function warmUp(step, first, count, since, seconds) {
+  let i = first;
+  while (i < first + count || performance.now() - since < 1000 * seconds) await step(i++);
+  return i;
+}
+
 // The page's settings: ?kind=mlp|transformer&check=K&warmup=W&steps=N(&mode=page|script)
 export function settings() {
   const q = new URL(self.location.href).searchParams;
   const int = (name, fallback) => Number.parseInt(q.get(name) ?? fallback, 10);
   return { kind: q.get("kind") ?? "mlp", mode: q.get("mode") ?? "page",
-           check: int("check", 5), warmup: int("warmup", 2), steps: int("steps", 50) };
+           check: int("check", 5), warmup: int("warmup", 2), steps: int("steps", 50),
+           warmupSeconds: Number(q.get("warmupSeconds") ?? 0) };
 }
 
 // Steps/s of `count` steps through `step(i)` (a promise of the step's loss, a number), two
