@@ -140,9 +140,10 @@ class Training(_Runner):
     them; each runs in the event loop of the thread that made it."""
 
     def __init__(self, device: GPUDevice, loss: Callable[..., Any], inputs: Mapping[str, Any],
-                 chunk_size: int, fuse: bool = True):
+                 chunk_size: int, fuse: bool = True, tiered: bool | None = None):
         super().__init__()
         self.device = device
+        self._tiered = tiered
         self._loss_fn = loss
         self._decls = normalize_inputs(inputs, wildcards=False, op="compile")
         self._input_decls = dict(inputs)
@@ -160,7 +161,8 @@ class Training(_Runner):
         c = compile_graph(Request("training", model, self._loss_fn, self._input_decls,
                                   optimizer=optimizer, seed=seed),
                           Options.for_device(self.device, fuse=self._fuse,
-                                             chunk_size=self._chunk_size))
+                                             chunk_size=self._chunk_size,
+                                             tiered=self._tiered))
         assert c.optimizer is not None
         self._model, self._optimizer = model, optimizer
         self._opt, self._grads = c.optimizer, c.grads
@@ -534,7 +536,9 @@ class Forward(_Runner):
         c = compile_graph(Request("forward", self._model, self._forward, typed,
                                   output=self._output),
                           Options.for_device(self.device, fuse=self._fuse,
-                                             chunk_size=self._chunk_size, store=self._store))
+                                             chunk_size=self._chunk_size, store=self._store,
+                                             tiered=self._owner._tiered if self._owner
+                                             else None))
         exe = c.executable
         assert exe is not None
         self._cache[key] = (exe, typed)
@@ -611,7 +615,8 @@ class Forward(_Runner):
 
 async def compile(*, model: Module, loss: Callable[..., Any], inputs: Mapping[str, Any],
                   optimizer: Any, device: GPUDevice | None = None, seed: int | None = None,
-                  chunk_size: int = DEFAULT_CHUNK_SIZE, fuse: bool = True) -> Training:
+                  chunk_size: int = DEFAULT_CHUNK_SIZE, fuse: bool = True,
+                  tiered: bool | None = None) -> Training:
     """Trace `loss(model, **inputs)`, derive gradients, append `optimizer` and compile the
     whole training step for `device` (default: navigator.gpu in Pyodide, wgpu natively).
 
@@ -622,14 +627,18 @@ async def compile(*, model: Module, loss: Callable[..., Any], inputs: Mapping[st
     the declared shape exactly, flat data of the right size is read row-major. `seed`: an int
     (None: random). `chunk_size`: most compute
     passes per GPU submission (0: one submission per step). `fuse`: inline chains of
-    elementwise ops into single kernels (fewer dispatches, less memory traffic). Mistakes in the model raise
+    elementwise ops into single kernels (fewer dispatches, less memory traffic). `tiered`:
+    start on kernels that compile quickest (naive matmuls) and swap in the optimized ones
+    once their pipelines, compiled in the background after the first step, are ready (same
+    results, the same buffers); None (the default) tiers where shader compiles are dear
+    (SwiftShader), False never, True always. Mistakes in the model raise
     here (ShapeError / TraceError); `step` itself never raises."""
     if not isinstance(chunk_size, int) or chunk_size < 0:
         raise ValueError(f"chunk_size must be an int >= 0, got {chunk_size!r}")
     normalize_inputs(inputs, wildcards=False, op="compile")  # clear errors before the device
     check_seed(seed)
     device = device or await default_device()
-    train = Training(device, loss, inputs, chunk_size, fuse)
+    train = Training(device, loss, inputs, chunk_size, fuse, tiered)
     train._build(model, optimizer, seed)
     return train
 

@@ -14,7 +14,7 @@ optimizer do nothing for a forward graph. Passes are registered in
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from . import describe
@@ -29,7 +29,15 @@ from .ops.registry import OPS
 from .optim import OptimizerConfig, OptimizerPlan, Writeback, append_optimizer
 from .passes import PASSES, Phase
 from .plan import BufferPlan, plan_buffers
-from .runtime import Executable, ParamStore, build_executable, pipeline_cache, shared_param_buffers
+from .runtime import (
+    Executable,
+    ParamStore,
+    build_executable,
+    dispatches,
+    kernel_sources,
+    pipeline_cache,
+    shared_param_buffers,
+)
 from .tensor import Tensor
 from .trace import InputDecl, check_seed, trace_graph
 
@@ -71,6 +79,18 @@ class Options:
     arena: bool = True  # params, gradients and optimizer state in arenas (few update kernels)
     chunk_size: int = 32
     store: ParamStore | None = None
+    # A tiered start: build on quick-to-compile kernels (Target.quick), then swap in the
+    # optimized ones once their pipelines are compiled (Executable.upgrade). None: where
+    # compiles are dear (Target.costly_compiles: SwiftShader).
+    tiered: bool | None = None
+
+    @property
+    def tiered_start(self) -> bool:
+        """Whether the build starts on quick kernels (see `tiered`)."""
+        if self.tiered is not None:
+            return self.tiered and self.device is not None
+        return self.device is not None and self.target is not None and \
+            self.target.costly_compiles
 
     @property
     def parallel_gpu(self) -> bool:
@@ -102,6 +122,7 @@ class Compilation:
     kernels: list[Kernel] = field(default_factory=list)
     store: ParamStore | None = None
     executable: Executable | None = None
+    tiered: bool = False  # a tiered start: `kernels` are the quick tier (Options.tiered)
     done: list[str] = field(default_factory=list)  # the stages run so far
 
     @property
@@ -214,22 +235,46 @@ def _plan(c: Compilation, o: Options) -> None:
 
 def _emit(c: Compilation, o: Options) -> None:
     no_kernel = c.plan.no_kernel if c.plan is not None else frozenset()
-    c.kernels = emit_graph(c.graph, o.target or Target(limits=o.limits), OPS, no_kernel)
+    target = o.target or Target(limits=o.limits)
+    c.tiered = o.tiered_start
+    c.kernels = emit_graph(c.graph, replace(target, quick=c.tiered), OPS, no_kernel)
+    if c.tiered and o.tiered is None and any(k.quick_refused for k in c.kernels):
+        # Large matmuls keep their slow-to-compile kernels in the quick tier too: a tiered
+        # start would save little compile time and run its first steps slower (the addition
+        # transformer on SwiftShader: 7.3 s to compile + 8.2 s for a first step, against
+        # 12.0 + 1.6 s untiered). Where chosen automatically, it is not done.
+        c.tiered = False
+        c.kernels = emit_graph(c.graph, target, OPS, no_kernel)
 
 
 def _build(c: Compilation, o: Options) -> None:
     if o.device is None:
         raise ValueError("compile: the build stage needs a device (Options.for_device)")
     assert c.plan is not None
-    layout = c.optimizer.layout if c.optimizer is not None else None
-    store = o.store if o.store is not None else ParamStore(o.device, c.params, c.seed, layout)
+    upgrade = None
+    if c.tiered:
+        graph, target = c.graph, o.target or Target(limits=o.limits)
+        no_kernel = c.plan.no_kernel
+
+        def upgrade() -> list[Kernel]:
+            return emit_graph(graph, target, OPS, no_kernel)
+    # The pipelines compile (in the background where the device can) while the params are
+    # initialised: pure Python, ~0.4 s for the addition transformer's 150k in Pyodide.
+    cache = pipeline_cache(o.device)
+    acquiring = cache.start(kernel_sources(dispatches(c.graph, c.kernels)))
+    store = o.store
     try:
+        if store is None:
+            layout = c.optimizer.layout if c.optimizer is not None else None
+            store = ParamStore(o.device, c.params, c.seed, layout)
         c.executable = build_executable(o.device, c.graph, c.plan, c.kernels, c.output,
-                                        pipeline_cache(o.device), o.chunk_size,
+                                        cache, o.chunk_size,
                                         shared_param_buffers(c.graph, c.plan, store),
-                                        status_id=c.optimizer.status if c.optimizer else None)
+                                        status_id=c.optimizer.status if c.optimizer else None,
+                                        acquiring=acquiring, upgrade=upgrade)
     except BaseException:
-        if store is not o.store:
+        cache.abandon(acquiring)
+        if store is not None and store is not o.store:
             store.destroy()
         raise
     c.store = store

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from .codegen.kernel import Kernel, dispatch_size
 from .codegen.program import is_core
 from .errors import AbortError, PlanError, ShapeError
 from .flight import CallQueue
-from .gpu.interface import BufferSlice, Copy, Dispatch, GPUDevice, split_slice
+from .gpu.interface import BufferSlice, Copy, Dispatch, GPUDevice, PendingKernels, split_slice
 from .hostdata import from_bytes, to_bytes
 from .init import ParamSpec, check_spec, init_params
 from .ir import Graph, Node
@@ -180,21 +180,64 @@ class PipelineCache:
         """The pipeline of each `(wgsl, label)`, in order: those not held yet compiled in one
         `create_kernels` call (a browser compiles them in parallel); one reference taken on
         each distinct WGSL, to be dropped by :meth:`release`."""
+        return self.finish(self.start(sources))
+
+    def start(self, sources: Sequence[tuple[str, str]]) -> Acquiring:
+        """:meth:`acquire` in two halves: the missing pipelines start compiling (in the
+        background where the device can) and the held ones are referenced now;
+        :meth:`finish` gives them all, :meth:`abandon` gives them up."""
         device = self.device
         if device is None:
             raise RuntimeError("the pipeline cache's device is gone")
         with self._lock:
             missing: dict[str, str] = {}
+            held = []
             for wgsl, label in sources:
                 if wgsl not in self.kernels:
                     missing.setdefault(wgsl, label)  # the first dispatch's label
-            if missing:
-                made = device.create_kernels(list(missing.items()))
-                self.kernels.update(zip(missing, made))
             for wgsl in dict.fromkeys(w for w, _ in sources):
-                self.refs[wgsl] = self.refs.get(wgsl, 0) + 1
-                self.unused.pop(wgsl, None)
-            return [self.kernels[w] for w, _ in sources]
+                if wgsl not in missing:
+                    self._ref(wgsl)
+                    held.append(wgsl)
+        try:
+            pending = device.start_kernels(list(missing.items())) if missing else None
+        except BaseException:
+            self.release(held)
+            raise
+        return Acquiring(list(sources), missing, pending, held)
+
+    def finish(self, acquiring: Acquiring) -> list[Any]:
+        """The pipelines of :meth:`start`, in order (waiting for those still compiling);
+        on a ShaderCompileError the references taken are dropped."""
+        pending, acquiring.pending = acquiring.pending, None
+        try:
+            made = pending.wait() if pending is not None else []
+        except BaseException:
+            self.release(acquiring.held)
+            acquiring.held = []
+            raise
+        acquiring.held = []
+        device = self.device
+        with self._lock:
+            for wgsl, kernel in zip(acquiring.missing, made):
+                if wgsl in self.kernels:  # made meanwhile by another acquire
+                    if device is not None:
+                        device.destroy_kernel(kernel)
+                else:
+                    self.kernels[wgsl] = kernel
+                self._ref(wgsl)
+            return [self.kernels[w] for w, _ in acquiring.sources]
+
+    def abandon(self, acquiring: Acquiring) -> None:
+        """Give up what :meth:`start` began: compiling pipelines dropped, references
+        released."""
+        if acquiring.pending is not None:
+            acquiring.pending.cancel()
+        self.release(acquiring.held)
+
+    def _ref(self, wgsl: str) -> None:
+        self.refs[wgsl] = self.refs.get(wgsl, 0) + 1
+        self.unused.pop(wgsl, None)
 
     def release(self, wgsls: Iterable[str]) -> None:
         """Drop one reference on each distinct WGSL of `wgsls` (as :meth:`acquire` took)."""
@@ -221,6 +264,22 @@ class PipelineCache:
         while len(self.unused) > self.keep:
             wgsl, _ = self.unused.popitem(last=False)
             device.destroy_kernel(self.kernels.pop(wgsl))
+
+
+@dataclass
+class Acquiring:
+    """Pipelines asked of a :class:`PipelineCache` by :meth:`~PipelineCache.start`: the
+    `(wgsl, label)` sources in dispatch order, those being compiled (`pending`, None when
+    every one was held) and the held WGSL already referenced."""
+
+    sources: list[tuple[str, str]]
+    missing: dict[str, str]
+    pending: PendingKernels | None
+    held: list[str]
+
+    def ready(self) -> bool:
+        """Whether :meth:`PipelineCache.finish` would not wait."""
+        return self.pending is None or self.pending.ready()
 
 
 _pipeline_caches: weakref.WeakKeyDictionary[Any, PipelineCache] = weakref.WeakKeyDictionary()
@@ -257,6 +316,13 @@ class Executable:
     destroyed: bool = False
     inputs: dict[str, Any] = field(default_factory=dict)  # input name -> node, cached
     index_bounds: dict[str, tuple[IndexBound, ...]] = field(default_factory=dict)
+    chunk_size: int = 32
+    # A tiered start: `kernels` are the quick first tier and `upgrade` emits the optimized
+    # ones. Their pipelines start compiling after the first run (in the background where the
+    # device can) and the program is swapped for theirs before the first run that finds
+    # them compiled. Both tiers bind the same buffers: results are the same.
+    upgrade: Callable[[], list[Kernel]] | None = None
+    upgrading: tuple[list[Kernel], Acquiring] | None = None
 
     def __post_init__(self) -> None:
         self.inputs = self.graph.inputs
@@ -328,7 +394,11 @@ class Executable:
         async with self.lock:
             if self.destroyed:
                 raise AbortError("graph destroyed")
+            if self.upgrading is not None and self.upgrading[1].ready():
+                self._swap_in_upgrade()
             data = await self.device.execute(self.program, writes, reads)
+            if self.upgrade is not None and not self.destroyed:
+                self._start_upgrade()
         out = from_bytes(data[0], out_node.shape, out_node.dtype)
         applied = True
         if self.status_id is not None:
@@ -337,6 +407,44 @@ class Executable:
         caps = {name: from_bytes(d, self.graph[i].shape, self.graph[i].dtype)
                 for (name, i), d in zip(captures, data[1:])}
         return out, caps, applied
+
+    @property
+    def quick(self) -> bool:
+        """Whether it still runs a tiered start's first, quick kernels."""
+        return self.upgrade is not None or self.upgrading is not None
+
+    def _start_upgrade(self) -> None:
+        """Emit the optimized kernels and start compiling their pipelines (none when the
+        quick kernels are already the optimized ones)."""
+        emit, self.upgrade = self.upgrade, None
+        assert emit is not None
+        kernels = emit()
+        if [k.wgsl for k in kernels] == [k.wgsl for k in self.kernels]:
+            return
+        assert self.pipelines is not None
+        sources = kernel_sources(dispatches(self.graph, kernels))
+        self.upgrading = (kernels, self.pipelines.start(sources))
+
+    def _swap_in_upgrade(self) -> None:
+        """Run on the optimized kernels from now on: their program replaces the quick one
+        (whose pipeline references are dropped). A ShaderCompileError of theirs fails this
+        run; later runs go on with the quick kernels."""
+        assert self.upgrading is not None and self.pipelines is not None
+        (kernels, acquiring), self.upgrading = self.upgrading, None
+        dispatched = dispatches(self.graph, kernels)
+        made = self.pipelines.finish(acquiring)
+        wgsls = tuple(kernel.wgsl for _, kernel, _ in dispatched)
+        try:
+            program = self.device.create_program(
+                _program_steps(self.graph, self.plan, self.buffers, dispatched, made),
+                self.chunk_size)
+        except BaseException:
+            self.pipelines.release(wgsls)
+            raise
+        old_program, old_wgsls = self.program, self.wgsls
+        self.program, self.wgsls, self.kernels = program, wgsls, kernels
+        self.device.destroy_program(old_program)
+        self.pipelines.release(old_wgsls)
 
     async def read(self, node_ids: list[int]) -> list[Any]:
         reads = [(self.buffer_of(i), max(4, self.graph[i].nbytes)) for i in node_ids]
@@ -354,8 +462,12 @@ class Executable:
         if self.destroyed:
             return
         self.destroyed = True
+        self.upgrade = None
         self.device.destroy_program(self.program)
         if self.pipelines is not None:
+            if self.upgrading is not None:
+                self.pipelines.abandon(self.upgrading[1])
+                self.upgrading = None
             self.pipelines.release(self.wgsls)
         for buf, own in zip(self.buffers, self.owned):
             if own:
@@ -395,51 +507,80 @@ def dispatch_label(node: Node) -> str:
     return "fused" if core is None else f"{program.nodes[core].op}+fused"
 
 
+Dispatched = tuple[Node, Kernel, str]
+
+
+def dispatches(graph: Graph, kernels: Sequence[Kernel]) -> list[Dispatched]:
+    """(node, kernel, label) of every node that dispatches a kernel, in graph order."""
+    return [(node, kernel, dispatch_label(node))
+            for node, kernel in zip(graph.nodes, kernels) if kernel.threads > 0]
+
+
+def kernel_sources(dispatched: Sequence[Dispatched]) -> list[tuple[str, str]]:
+    """The `(wgsl, label)` of each dispatch, as :meth:`PipelineCache.start` takes them."""
+    return [(kernel.wgsl, label) for _, kernel, label in dispatched]
+
+
+def _program_steps(graph: Graph, plan: Any, buffers: Sequence[Any],
+                   dispatched: Sequence[Dispatched], made: Sequence[Any]
+                   ) -> list[Dispatch | Copy]:
+    """The dispatches (with their pipelines `made`) then the writeback copies of a step."""
+    steps: list[Dispatch | Copy] = []
+    for (node, kernel, label), pipeline in zip(dispatched, made):
+        binds = tuple(binding(buffers, plan, graph, i) for i in (*node.inputs, node.id))
+        steps.append(Dispatch(pipeline, binds, dispatch_size(kernel.threads,
+                                                             kernel.workgroup_size), label))
+    for wb in plan.writebacks:
+        src, src_base, _ = split_slice(buffers[wb.src])
+        dst, dst_base, _ = split_slice(buffers[wb.dst])
+        steps.append(Copy(src, dst, wb.size, src_base + wb.src_offset,
+                          dst_base + wb.dst_offset))
+    return steps
+
+
 def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[Kernel],
                      output_id: int, pipelines: PipelineCache, chunk_size: int,
                      shared: Mapping[int, Any] | None = None,
-                     status_id: int | None = None) -> Executable:
-    """Create buffers (reusing `shared` {buffer index: handle}), pipelines and the program."""
+                     status_id: int | None = None, acquiring: Acquiring | None = None,
+                     upgrade: Callable[[], list[Kernel]] | None = None) -> Executable:
+    """Create buffers (reusing `shared` {buffer index: handle}), pipelines and the program.
+
+    `acquiring`: the kernels' pipelines already asked of `pipelines` (``pipelines.start``,
+    so that they compile while the caller did other work); `upgrade`: a tiered start's
+    emitter of the optimized kernels (see :class:`Executable`)."""
     shared = shared or {}
-    buffers, owned = [], []
-    for idx, spec in enumerate(plan.buffers):
-        if idx in shared:
-            buffers.append(shared[idx])
-            owned.append(False)
-            continue
-        buf = device.create_buffer(max(4, spec.size), spec.name or f"b{idx}")
-        init = getattr(spec, "init", 0.0) or 0.0
-        if init:
-            import struct
-            device.write_buffer(buf, struct.pack("<f", init) * (max(4, spec.size) // 4))
-        buffers.append(buf)
-        owned.append(True)
-    steps: list[Dispatch | Copy] = []
-    wgsls: list[str] = []
+    dispatched = dispatches(graph, kernels)
+    buffers: list[Any] = []
+    owned: list[bool] = []
     acquired = False
     try:
-        dispatched = [(node, kernel, dispatch_label(node))
-                      for node, kernel in zip(graph.nodes, kernels) if kernel.threads > 0]
-        wgsls = [kernel.wgsl for _, kernel, _ in dispatched]
-        made = pipelines.acquire([(kernel.wgsl, label) for _, kernel, label in dispatched])
+        for idx, spec in enumerate(plan.buffers):
+            if idx in shared:
+                buffers.append(shared[idx])
+                owned.append(False)
+                continue
+            buf = device.create_buffer(max(4, spec.size), spec.name or f"b{idx}")
+            buffers.append(buf)
+            owned.append(True)
+            init = getattr(spec, "init", 0.0) or 0.0
+            if init:
+                import struct
+                device.write_buffer(buf, struct.pack("<f", init) * (max(4, spec.size) // 4))
+        if acquiring is None:
+            acquiring = pipelines.start(kernel_sources(dispatched))
+        made = pipelines.finish(acquiring)
         acquired = True
-        for (node, kernel, label), pipeline in zip(dispatched, made):
-            binds = tuple(binding(buffers, plan, graph, i) for i in (*node.inputs, node.id))
-            steps.append(Dispatch(pipeline, binds, dispatch_size(kernel.threads,
-                                                                 kernel.workgroup_size),
-                                  label))
-        for wb in plan.writebacks:
-            src, src_base, _ = split_slice(buffers[wb.src])
-            dst, dst_base, _ = split_slice(buffers[wb.dst])
-            steps.append(Copy(src, dst, wb.size, src_base + wb.src_offset,
-                              dst_base + wb.dst_offset))
-        program = device.create_program(steps, chunk_size)
+        program = device.create_program(
+            _program_steps(graph, plan, buffers, dispatched, made), chunk_size)
     except BaseException:  # e.g. ShaderCompileError: free what this call created
         if acquired:
-            pipelines.release(wgsls)
+            pipelines.release(kernel.wgsl for _, kernel, _ in dispatched)
+        elif acquiring is not None:
+            pipelines.abandon(acquiring)
         for buf, own in zip(buffers, owned):
             if own:
                 device.destroy_buffer(buf)
         raise
     return Executable(device, graph, plan, kernels, buffers, owned, program, output_id,
-                      status_id, pipelines, tuple(wgsls))
+                      status_id, pipelines, tuple(kernel.wgsl for _, kernel, _ in dispatched),
+                      chunk_size=chunk_size, upgrade=upgrade)

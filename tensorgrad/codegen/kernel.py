@@ -20,13 +20,16 @@ class Kernel:
     """One compute shader for one node. Bindings: the node's inputs in order (read), then
     the output (read_write). `threads` invocations are launched (0: nothing to dispatch).
     `vector_inputs`: the input slots bound as `array<vec4<f32>>` (element 4 q + j of the
-    input is lane j of `in{slot}[q]`), which a stitched prologue must provide as such."""
+    input is lane j of `in{slot}[q]`), which a stitched prologue must provide as such.
+    `quick_refused`: emitted for a quick target (:attr:`Target.quick`) but the optimized
+    kernel all the same, a quick one being too slow to run (a large matmul)."""
 
     wgsl: str
     threads: int
     workgroup_size: int = 256
     label: str = ""
     vector_inputs: frozenset[int] = frozenset()
+    quick_refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,10 @@ class Target:
     # Shader compiles dear enough that code written out for speed does not pay for itself
     # (SwiftShader: 60-180 ms per matmul kernel, lavapipe 4-8 ms).
     costly_compiles: bool = False
+    # The first tier of a tiered start (Options.tiered): kernels chosen for the quickest
+    # compile (naive matmuls, ~15 ms a pipeline on SwiftShader against 100-900 ms for a
+    # register block with stitched ops), run until the optimized ones are compiled.
+    quick: bool = False
 
     @staticmethod
     def for_device(limits: DeviceLimits, info: AdapterInfo) -> Target:
@@ -82,7 +89,7 @@ def emit_node(graph: Graph, node: Node, target: Target, ops: Mapping[str, HasEmi
         raise NotImplementedError(f"op '{node.op}' has no WGSL emitter")
     kernel = emit(EmitContext(node, tuple(graph[i] for i in node.inputs), target))
     return Kernel(kernel.wgsl, kernel.threads, kernel.workgroup_size, node.describe(),
-                  kernel.vector_inputs)
+                  kernel.vector_inputs, kernel.quick_refused)
 
 
 def emit_graph(graph: Graph, target: Target, ops: Mapping[str, HasEmitter],

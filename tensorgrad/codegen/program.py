@@ -166,7 +166,8 @@ def _emit_stitched(ctx: EmitContext, program: FusedProgram, core: int,
         text = _rewrite_writes(text, cnode.op)
     shared = [p for p in dict.fromkeys(preludes) if p not in text]
     wgsl = "\n".join([w.bindings(ctx.inputs, ctx.node, vectors), *shared, *functions, text])
-    return Kernel(wgsl, inner.threads, inner.workgroup_size, vector_inputs=vectors)
+    return Kernel(wgsl, inner.threads, inner.workgroup_size, vector_inputs=vectors,
+                  quick_refused=inner.quick_refused)
 
 
 def _vector_bindings(program: FusedProgram, core: int, slots: frozenset[int]) -> frozenset[int]:

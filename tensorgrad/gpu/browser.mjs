@@ -101,6 +101,16 @@ export async function createKernels(state, sources, labels) {
   }));
 }
 
+// createKernels in the background: a job whose `done` turns true once every pipeline is
+// settled; `promise` resolves to what createKernels gives.
+export function startKernels(state, sources, labels) {
+  const job = { done: false, promise: null };
+  job.promise = createKernels(state, sources, labels)
+    .finally(() => { job.done = true; });
+  job.promise.catch(() => {});
+  return job;
+}
+
 // steps: ["d", pipeline, [[buffer, offset, size], ...], x, y, z, label] (size 0: the rest of
 // the buffer) | ["c", src, srcOffset, dst, dstOffset, size]
 export function createProgram(state, steps, chunkSize) {
@@ -179,11 +189,12 @@ function encodeReads(state, encoder, reads) {
   return [staging, total];
 }
 
-// One ArrayBuffer holding every read back to back (each padded to 4 bytes).
-async function mapReads(state, pending) {
+// One ArrayBuffer holding every read back to back (each padded to 4 bytes); `mapping`: the
+// staging buffer's mapAsync when the caller issued it already.
+async function mapReads(state, pending, mapping = null) {
   if (!pending) return new ArrayBuffer(0);
   const [staging, total] = pending;
-  await staging.mapAsync(GPUMapMode.READ, 0, total);
+  await (mapping ?? staging.mapAsync(GPUMapMode.READ, 0, total));
   const out = staging.getMappedRange(0, total).slice(0);
   staging.unmap();
   state.staging.push(staging);
@@ -226,14 +237,29 @@ export async function execute(state, program, args) {
     if (c === chunks.length - 1) pending = encodeReads(state, encoder, reads);
     queue.submit([encoder.finish()]);
     scopes.push(device.popErrorScope());
-    // At most two chunks in flight: chunk c is queued before waiting for chunk c - 1.
-    const done = queue.onSubmittedWorkDone();
+    // At most two chunks in flight: chunk c is queued before waiting for chunk c - 1. The
+    // last chunk's reads are mapped, which waits for it: no onSubmittedWorkDone of its own
+    // (one round trip to the GPU process less a step; the MLP's whole step is one chunk).
+    const done = c === chunks.length - 1 && pending ? null : queue.onSubmittedWorkDone();
     if (previous) await previous;
     previous = done;
   }
+  // The map is asked for at once (it resolves when the last chunk is done), before the
+  // error scopes are awaited: their answers and the map's come in one wait.
+  const mapping = pending ? pending[0].mapAsync(GPUMapMode.READ, 0, pending[1]) : null;
+  mapping?.catch(() => {});
   if (previous) await previous;
-  checkErrors(await Promise.all(scopes), "execute");
-  return mapReads(state, pending);
+  try {
+    checkErrors(await Promise.all(scopes), "execute");
+  } catch (err) {
+    if (mapping) {  // the staging buffer goes back to the pool, unmapped
+      await mapping.catch(() => {});
+      if (pending[0].mapState === "mapped") pending[0].unmap();
+      state.staging.push(pending[0]);
+    }
+    throw err;
+  }
+  return mapReads(state, pending, mapping);
 }
 
 export async function readBuffers(state, reads) {

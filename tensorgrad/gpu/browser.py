@@ -24,6 +24,8 @@ from .interface import (
     Copy,
     DeviceLimits,
     Dispatch,
+    PendingKernels,
+    ReadyKernels,
     WebGPUSupport,
     split_slice,
 )
@@ -43,8 +45,9 @@ _LIMITS = {
 
 
 
-_JS_FUNCTIONS = ("createBuffer", "writeBuffer", "createKernel", "createKernels", "createProgram",
-                 "destroyProgram", "execute", "readBuffers", "destroy", "lostReason")
+_JS_FUNCTIONS = ("createBuffer", "writeBuffer", "createKernel", "createKernels", "startKernels",
+                 "createProgram", "destroyProgram", "execute", "readBuffers", "destroy",
+                 "lostReason")
 _helper: Any = None
 
 
@@ -170,27 +173,34 @@ class BrowserDevice:
         SwiftShader (2 cores) the addition transformer's 49 kernels took 1.7-1.9 s instead of
         2.4 s one by one. Raises ShaderCompileError for the first that fails. Without JSPI,
         kernel by kernel (:meth:`create_kernel`)."""
-        from pyodide.ffi import can_run_sync, run_sync
+        from pyodide.ffi import can_run_sync
 
+        if not can_run_sync():
+            return self._one_by_one(sources)
+        return self.start_kernels(sources).wait()
+
+    def _one_by_one(self, sources: Sequence[tuple[str, str]]) -> list[BrowserKernel]:
         kernels: list[BrowserKernel] = []
         try:
-            if not can_run_sync():
-                for wgsl, label in sources:
-                    kernels.append(self.create_kernel(wgsl, label))
-                return kernels
-            made = run_sync(self._call("createKernels", self._to_js([w for w, _ in sources]),
-                                       self._to_js([label for _, label in sources])))
-            self.ffi_calls += 1  # the wait
-            for (wgsl, label), got in zip(sources, made):
-                self.ffi_calls += 2  # the two attribute reads
-                _raise_if_errors(got.messages, wgsl, label)
-                kernels.append(BrowserKernel(got.pipeline, label))
-                self.counts["pipelines created"] += 1
+            for wgsl, label in sources:
+                kernels.append(self.create_kernel(wgsl, label))
         except BaseException:  # release those made before the one that failed
             for kernel in kernels:
                 self.destroy_kernel(kernel)
             raise
         return kernels
+
+    def start_kernels(self, sources: Sequence[tuple[str, str]]) -> PendingKernels:
+        """Begin compiling every `(wgsl, label)` in parallel (``createComputePipelineAsync``)
+        and return at once: Python goes on (initialising params, running steps) while the
+        browser compiles. Without JSPI (no way to block), kernel by kernel now."""
+        from pyodide.ffi import can_run_sync
+
+        if not can_run_sync():
+            return ReadyKernels(self, self._one_by_one(sources))
+        job = self._call("startKernels", self._to_js([w for w, _ in sources]),
+                         self._to_js([label for _, label in sources]))
+        return _BrowserPendingKernels(self, job, list(sources))
 
     def destroy_kernel(self, kernel: BrowserKernel) -> None:
         """Drop the adapter's reference to a pipeline (the JS object is collected once no
@@ -267,6 +277,44 @@ class BrowserDevice:
 
     def destroy(self) -> None:
         self._call("destroy")
+
+
+class _BrowserPendingKernels:
+    """:class:`~tensorgrad.gpu.interface.PendingKernels` of a JS startKernels job."""
+
+    def __init__(self, device: BrowserDevice, job: Any, sources: list[tuple[str, str]]):
+        self._device = device
+        self._job: Any = job
+        self._sources = sources
+
+    def ready(self) -> bool:
+        self._device.ffi_calls += 1
+        return self._job is None or bool(self._job.done)
+
+    def wait(self) -> list[BrowserKernel]:
+        from pyodide.ffi import run_sync
+
+        if self._job is None:
+            raise RuntimeError("these kernels were cancelled or already taken")
+        job, self._job = self._job, None
+        device = self._device
+        device.ffi_calls += 2  # the wait, the promise read
+        made = run_sync(job.promise)
+        kernels: list[BrowserKernel] = []
+        try:
+            for (wgsl, label), got in zip(self._sources, made):
+                device.ffi_calls += 2  # the two attribute reads
+                _raise_if_errors(got.messages, wgsl, label)
+                kernels.append(BrowserKernel(got.pipeline, label))
+                device.counts["pipelines created"] += 1
+        except BaseException:  # release those made before the one that failed
+            for kernel in kernels:
+                device.destroy_kernel(kernel)
+            raise
+        return kernels
+
+    def cancel(self) -> None:
+        self._job = None  # the JS pipelines are collected once the job settles
 
 
 def _flat_reads(reads: Sequence[tuple[Any, int]]) -> list[Any]:

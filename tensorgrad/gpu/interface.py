@@ -117,6 +117,46 @@ class Copy:
     dst_offset: int = 0
 
 
+class PendingKernels(Protocol):
+    """Pipelines being compiled in the background (:meth:`GPUDevice.start_kernels`)."""
+
+    def ready(self) -> bool:
+        """Whether every pipeline is compiled (or one failed): :meth:`wait` would not block."""
+        ...
+
+    def wait(self) -> list[KernelHandle]:
+        """The pipelines, in order, once compiled (blocking until then where the device can
+        block; call it after :meth:`ready` says True where it cannot). Raises
+        :class:`ShaderCompileError` for the first that failed (those made are released)."""
+        ...
+
+    def cancel(self) -> None:
+        """Give the pipelines up: those made are released, those still compiling are dropped
+        when done. Idempotent; nothing after :meth:`wait`."""
+        ...
+
+
+class ReadyKernels:
+    """:class:`PendingKernels` of pipelines already made (a device that compiles at once)."""
+
+    def __init__(self, device: GPUDevice, kernels: list[KernelHandle]):
+        self._device: GPUDevice | None = device
+        self._kernels = kernels
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> list[KernelHandle]:
+        self._device = None
+        return self._kernels
+
+    def cancel(self) -> None:
+        if self._device is not None:
+            for kernel in self._kernels:
+                self._device.destroy_kernel(kernel)
+            self._device = None
+
+
 class GPUDevice(Protocol):
     """One WebGPU device. All buffers have usage STORAGE | COPY_SRC | COPY_DST."""
 
@@ -151,6 +191,11 @@ class GPUDevice(Protocol):
     def create_kernels(self, sources: Sequence[tuple[str, str]]) -> list[KernelHandle]:
         """:meth:`create_kernel` for each `(wgsl, label)`, in order; a device may compile
         them in parallel. Raises :class:`ShaderCompileError` for the first that fails."""
+        ...
+
+    def start_kernels(self, sources: Sequence[tuple[str, str]]) -> PendingKernels:
+        """Begin :meth:`create_kernels` and return without waiting where the device compiles
+        in the background (the browser); elsewhere compile now (:class:`ReadyKernels`)."""
         ...
 
     def destroy_kernel(self, kernel: KernelHandle) -> None:

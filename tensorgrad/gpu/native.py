@@ -36,6 +36,7 @@ from .interface import (
     Copy,
     DeviceLimits,
     Dispatch,
+    ReadyKernels,
     WebGPUSupport,
     split_slice,
 )
@@ -415,6 +416,10 @@ class NativeDevice:
                 self.destroy_kernel(kernel)
             raise
         return made
+
+    def start_kernels(self, sources: Sequence[tuple[str, str]]) -> ReadyKernels:
+        """:meth:`create_kernels` now (wgpu-native compiles synchronously)."""
+        return ReadyKernels(self, self.create_kernels(sources))
 
     def destroy_kernel(self, kernel: NativeKernel) -> None:
         """Drop the device's references to a pipeline (wgpu releases it once no program

@@ -9,7 +9,7 @@ gradients need no transpose copies. `transpose_a` on `matmul` requires a rank-2 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from typing import Any
 
@@ -153,6 +153,14 @@ REDUCE_MAX_OUTPUTS = 8_192
 REDUCE_MIN_K = 256
 FILL_WORKGROUPS = 128   # enough workgroups to keep a large GPU busy
 FORCE_VARIANT: str | None = None  # tests and benchmarks pin a variant here
+# A tiered start's first-tier matmuls (Target.quick): 4 x 4 register blocks with scalar
+# loads, whose code is a quarter of an 8 x 8 block's (on SwiftShader under load the MLP
+# compiled in 1.6 s and stepped in 0.1 s with them, 2.4 s and 0.2-1.1 s with naive
+# kernels, 2.4 s and 0.02 s untiered). Above QUICK_MAX_MACS multiply-adds a matmul keeps
+# its optimized kernel (the addition transformer's step took 17 s instead of 1.5 s with
+# every matmul naive).
+QUICK_VARIANT = "regs4x4"
+QUICK_MAX_MACS = 1 << 22
 
 
 def choose_variant(spec: MatmulSpec, prefer_tiled: bool, storage: int = 16_384,
@@ -449,9 +457,13 @@ def _emit(ctx: EmitContext) -> Kernel:
     spec = MatmulSpec(batch, m, k, n, ta, tb, b_batched=batched,
                       zeros_a=ctx.node.attrs.get("zeros_a"),
                       zeros_b=ctx.node.attrs.get("zeros_b"))
+    quick = ctx.target.quick and FORCE_VARIANT is None
+    if quick and spec.batch * spec.m * spec.n * spec.k <= QUICK_MAX_MACS:
+        return emit_matmul(ctx, spec, QUICK_VARIANT)  # a tiered start's first kernels
     storage = ctx.target.limits.max_compute_workgroup_storage_size
-    return emit_matmul(ctx, spec, choose_variant(spec, not ctx.target.software, storage,
-                                                 ctx.target.costly_compiles))
+    kernel = emit_matmul(ctx, spec, choose_variant(spec, not ctx.target.software, storage,
+                                                   ctx.target.costly_compiles))
+    return replace(kernel, quick_refused=True) if quick else kernel
 
 
 # Each operand element is read many times (once per output row or column tile), so a

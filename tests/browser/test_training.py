@@ -351,3 +351,49 @@ def test_op_family_kernels_match_reference_in_the_browser(kernel_check: Page, fa
     assert not failures, f"{len(failures)} kernel(s) differ from the reference:\n" + \
         "\n".join(failures[:20])
     assert checked > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiered start (on by default here: SwiftShader's compiles are dear): the MLP starts on its
+# quick kernels and swaps in the optimized ones, with the losses and params of an untiered
+# compile of the same model on the same batches.
+
+TIERED = """
+import random, time
+import tensorgrad as tg
+
+async def _tiered_run(tiered, steps):
+    t0 = time.perf_counter()
+    train = await tg.compile(model=mlp_sin.MLP(), loss=mlp_sin.loss_fn, inputs=mlp_sin.INPUTS,
+                             optimizer=mlp_sin.optimizer(), seed=3, tiered=tiered)
+    rng = random.Random(5)
+    losses, quick = [], [train._exe.quick]
+    for step in range(steps):
+        r = await train.step(**mlp_sin.batch(rng))
+        assert r.kind == "completed", r
+        losses.append(r.loss)
+        quick.append(train._exe.quick)
+        if tiered is None and (not quick[-1] and step >= 3 or time.perf_counter() - t0 > 120):
+            break  # swapped and a step run since (or given up after 2 minutes)
+    params = await train.download_params()
+    train.destroy()
+    return losses, {n: bytes(memoryview(v)) for n, v in params.items()}, quick
+
+_auto = await _tiered_run(None, 5000)
+_plain = await _tiered_run(False, len(_auto[0]))
+(_auto[0] == _plain[0], _auto[1] == _plain[1], _auto[2][0], _auto[2][-1], _plain[2][0],
+ len(_auto[0]))
+"""
+
+
+def test_tiered_start_in_the_browser_matches_the_untiered_losses(tg: Page, web_url: str) -> None:
+    """Tiered by default on SwiftShader, the MLP runs until the optimized kernels are swapped
+    in (4 steps at least; they compile in the background, a few seconds under load); untiered, the same steps: the losses and the params after them
+    are the same."""
+    load_demo_model(tg, web_url, "mlp_sin", "mlp_sin")
+    same_losses, same_params, first_quick, last_quick, plain_quick, steps = \
+        ast.literal_eval(tg.exec(TIERED))
+    assert first_quick is True and last_quick is False, (first_quick, last_quick, steps)
+    assert plain_quick is False
+    assert same_losses, f"the tiered losses differ from the untiered ones over {steps} steps"
+    assert same_params
