@@ -25,6 +25,7 @@ from .gpu.interface import DeviceLimits, GPUDevice
 from .init import ParamSpec
 from .ir import Graph
 from .module import Module
+from .ops.index import input_index_bounds
 from .ops.registry import OPS
 from .optim import OptimizerConfig, OptimizerPlan, Writeback, append_optimizer
 from .passes import PASSES, Phase
@@ -225,9 +226,10 @@ def _build(c: Compilation, o: Options) -> None:
     store = o.store if o.store is not None else ParamStore(o.device, c.params, c.seed, layout)
     try:
         c.executable = build_executable(o.device, c.graph, c.plan, c.kernels, c.output,
-                                        pipeline_cache(o.device), o.chunk_size,
+                                        pipeline_cache(o.device), o.chunk_size, OPS,
                                         shared_param_buffers(c.graph, c.plan, store),
-                                        status_id=c.optimizer.status if c.optimizer else None)
+                                        status_id=c.optimizer.status if c.optimizer else None,
+                                        index_bounds=input_index_bounds(c.graph))
     except BaseException:
         if store is not o.store:
             store.destroy()

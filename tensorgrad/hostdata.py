@@ -10,11 +10,16 @@ multi-dimensional memoryview, a nested list, any object with a ``.shape``) must 
 declared shape exactly; flat data (1-D arrays and buffers, flat lists, bytes) of the right
 size is read in row-major order; a single value fits a one-element shape. So a transposed
 array of the right size is an error, never silently misread.
+
+I32 data that indexes a one-hot or a row gather is checked against what each use allows
+(:class:`IndexBound`, :func:`first_rejected`); the compiler finds the uses
+(:func:`tensorgrad.ops.index.input_index_bounds`) and the runtime checks each step's data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from math import prod
 from typing import Any
 
@@ -233,3 +238,54 @@ def from_bytes(data: Any, shape: Sequence[int], dtype: str) -> Any:
 def scalar_bytes(value: float, dtype: str) -> bytes:
     import struct
     return struct.pack("<f" if dtype == "f32" else "<i", value)
+
+
+# ---- index checks: i32 host data that indexes a one-hot or a row gather -----------------
+
+@dataclass(frozen=True)
+class IndexBound:
+    """What one op reading i32 indices allows them to hold: 0..bound - 1, and `sentinel`
+    (None: no such value) that the op gives a meaning of its own (a one-hot's ignore_index:
+    a zero row on purpose). `what`: the op and its user line, for messages."""
+
+    bound: int
+    what: str
+    sentinel: int | None = None
+
+    def allows(self, value: int) -> bool:
+        return 0 <= value < self.bound or value == self.sentinel
+
+    def expected(self) -> str:
+        """The allowed values in words: '0..4', or '0..4 or -100' with a sentinel."""
+        extra = self.sentinel is not None and not 0 <= self.sentinel < self.bound
+        return f"0..{self.bound - 1}" + (f" or {self.sentinel}" if extra else "")
+
+
+def first_rejected(values: Sequence[int], uses: Sequence[IndexBound]
+                   ) -> tuple[int, int, IndexBound] | None:
+    """(flat index, value, the use that rejects it) for the first of `values` that one of
+    `uses` does not allow; None when all are allowed. One pass over the values when all lie
+    in 0..bound - 1 of every use, else one over their distinct values first."""
+    if not values or (0 <= min(values) and max(values) < min(u.bound for u in uses)):
+        return None
+    rejecting: dict[int, IndexBound] = {}
+    for v in set(values):
+        use = next((u for u in uses if not u.allows(v)), None)
+        if use is not None:
+            rejecting[v] = use
+    if not rejecting:
+        return None
+    k, v = next((k, v) for k, v in enumerate(values) if v in rejecting)
+    return k, v, rejecting[v]
+
+
+def sentinel_only(values: Sequence[int], uses: Sequence[IndexBound]) -> IndexBound | None:
+    """The use whose sentinel every one of `values` is (all of cross_entropy's targets
+    ignored), or None."""
+    if not values:
+        return None
+    first = values[0]
+    use = next((u for u in uses if u.sentinel is not None and u.sentinel == first), None)
+    if use is None or min(values) != first or max(values) != first:
+        return None
+    return use

@@ -18,16 +18,14 @@ from typing import Any
 
 from . import describe
 from .codegen.kernel import Kernel, dispatch_size
-from .codegen.program import is_core
+from .codegen.program import ProgramOp, is_core
 from .errors import AbortError, PlanError, ShapeError
 from .flight import CallQueue
 from .gpu.interface import BufferSlice, Copy, Dispatch, GPUDevice, split_slice
-from .hostdata import from_bytes, to_bytes
+from .hostdata import IndexBound, first_rejected, from_bytes, sentinel_only, to_bytes
 from .init import ParamSpec, check_spec, init_params
 from .ir import Graph, Node
-from .ops.arena import ALIGN, arena_layout
-from .ops.index import IndexBound, first_rejected, input_index_bounds, sentinel_only
-from .ops.registry import OPS
+from .layout import ALIGN, arena_layout
 from .plan import check_bytes
 
 
@@ -255,12 +253,12 @@ class Executable:
     # come one at a time; this also orders direct use of the executable).
     lock: CallQueue = field(default_factory=CallQueue)
     destroyed: bool = False
-    inputs: dict[str, Any] = field(default_factory=dict)  # input name -> node, cached
-    index_bounds: dict[str, tuple[IndexBound, ...]] = field(default_factory=dict)
+    # {i32 input name: what its values may hold} (the compiler's input_index_bounds)
+    index_bounds: Mapping[str, tuple[IndexBound, ...]] = field(default_factory=dict)
+    inputs: dict[str, Node] = field(default_factory=dict)  # input name -> node, cached
 
     def __post_init__(self) -> None:
         self.inputs = self.graph.inputs
-        self.index_bounds = input_index_bounds(self.graph)
 
     @property
     def kernel_count(self) -> int:
@@ -384,22 +382,29 @@ def binding(buffers: Sequence[Any], plan: Any, graph: Graph, node_id: int) -> An
     return BufferSlice(handle, base + offset, (max(4, graph[node_id].nbytes) + 3) & ~3)
 
 
-def dispatch_label(node: Node) -> str:
+def dispatch_label(node: Node, ops: Mapping[str, ProgramOp]) -> str:
     """The op a dispatch runs, for profiles and error messages: the IR op, "fused" for an
     elementwise group, or e.g. "matmul+fused" for a matmul (a reduction, ...) with stitched
-    prologues or epilogue."""
+    prologues or epilogue (`ops`: the op table, to tell the core of a fused program)."""
     if node.op != "fused":
         return node.op
     program = node.attrs["program"]
-    core = program.core(lambda n: is_core(n, OPS))
+    core = program.core(lambda n: is_core(n, ops))
     return "fused" if core is None else f"{program.nodes[core].op}+fused"
 
 
 def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[Kernel],
                      output_id: int, pipelines: PipelineCache, chunk_size: int,
+                     ops: Mapping[str, ProgramOp],
                      shared: Mapping[int, Any] | None = None,
-                     status_id: int | None = None) -> Executable:
-    """Create buffers (reusing `shared` {buffer index: handle}), pipelines and the program."""
+                     status_id: int | None = None,
+                     index_bounds: Mapping[str, tuple[IndexBound, ...]] | None = None,
+                     ) -> Executable:
+    """Create buffers (reusing `shared` {buffer index: handle}), pipelines and the program.
+
+    The caller hands in what only the op table knows (the runtime does not import it): `ops`,
+    to label each dispatch, and `index_bounds`, what each i32 input that indexes may hold
+    (checked on every run)."""
     shared = shared or {}
     buffers, owned = [], []
     for idx, spec in enumerate(plan.buffers):
@@ -418,7 +423,7 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
     wgsls: list[str] = []
     acquired = False
     try:
-        dispatched = [(node, kernel, dispatch_label(node))
+        dispatched = [(node, kernel, dispatch_label(node, ops))
                       for node, kernel in zip(graph.nodes, kernels) if kernel.threads > 0]
         wgsls = [kernel.wgsl for _, kernel, _ in dispatched]
         made = pipelines.acquire([(kernel.wgsl, label) for _, kernel, label in dispatched])
@@ -442,4 +447,4 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
                 device.destroy_buffer(buf)
         raise
     return Executable(device, graph, plan, kernels, buffers, owned, program, output_id,
-                      status_id, pipelines, tuple(wgsls))
+                      status_id, pipelines, tuple(wgsls), index_bounds=dict(index_bounds or {}))

@@ -15,7 +15,6 @@ turns into a zero row on purpose.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import tensorgrad.codegen.torchexpr as tx
@@ -23,6 +22,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
+from ..hostdata import IndexBound
 from ..ir import DTYPES, Graph, Node, Shape
 from ..tensor import Tensor
 from .elementwise import mul
@@ -117,25 +117,6 @@ define("one_hot", infer=_infer_one_hot, ref=_ref_one_hot, vjp=NO_GRAD, expr=_exp
 _INDEX_PRESERVING = ("reshape", "permute", "slice_range", "broadcast_to", "stop_gradient")
 
 
-@dataclass(frozen=True)
-class IndexBound:
-    """What one op reading i32 indices allows them to hold: 0..bound - 1, and `sentinel`
-    (None: no such value) that the op gives a meaning of its own (a one-hot's ignore_index:
-    a zero row on purpose). `what`: the op and its user line, for messages."""
-
-    bound: int
-    what: str
-    sentinel: int | None = None
-
-    def allows(self, value: int) -> bool:
-        return 0 <= value < self.bound or value == self.sentinel
-
-    def expected(self) -> str:
-        """The allowed values in words: '0..4', or '0..4 or -100' with a sentinel."""
-        extra = self.sentinel is not None and not 0 <= self.sentinel < self.bound
-        return f"0..{self.bound - 1}" + (f" or {self.sentinel}" if extra else "")
-
-
 def _index_use(node: Node, input_shape: Callable[[int], Shape]
                ) -> tuple[int, IndexBound] | None:
     """(input position of the indices, what they may hold) for a node whose op reads i32
@@ -185,7 +166,7 @@ def input_index_bounds(graph: Graph) -> dict[str, tuple[IndexBound, ...]]:
     (cross_entropy and nll_loss targets, take_along_axis) or a row gather/scatter
     (embedding), one :class:`IndexBound` per distinct (bound, sentinel): every value must
     be allowed by every use, or it would silently select an all-zero row (and get no
-    gradient). Check values with :func:`first_rejected`."""
+    gradient). Check values with :func:`tensorgrad.hostdata.first_rejected`."""
     uses: dict[str, dict[tuple[int, int | None], IndexBound]] = {}
     for node in graph.nodes:
         for src, use in _index_reads(graph, node):
@@ -197,36 +178,6 @@ def input_index_bounds(graph: Graph) -> dict[str, tuple[IndexBound, ...]]:
                 uses.setdefault(src.attrs["name"], {}).setdefault(
                     (use.bound, use.sentinel), IndexBound(use.bound, what, use.sentinel))
     return {name: tuple(by_key.values()) for name, by_key in uses.items()}
-
-
-def first_rejected(values: Sequence[int], uses: Sequence[IndexBound]
-                   ) -> tuple[int, int, IndexBound] | None:
-    """(flat index, value, the use that rejects it) for the first of `values` that one of
-    `uses` does not allow; None when all are allowed. One pass over the values when all lie
-    in 0..bound - 1 of every use, else one over their distinct values first."""
-    if not values or (0 <= min(values) and max(values) < min(u.bound for u in uses)):
-        return None
-    rejecting: dict[int, IndexBound] = {}
-    for v in set(values):
-        use = next((u for u in uses if not u.allows(v)), None)
-        if use is not None:
-            rejecting[v] = use
-    if not rejecting:
-        return None
-    k, v = next((k, v) for k, v in enumerate(values) if v in rejecting)
-    return k, v, rejecting[v]
-
-
-def sentinel_only(values: Sequence[int], uses: Sequence[IndexBound]) -> IndexBound | None:
-    """The use whose sentinel every one of `values` is (all of cross_entropy's targets
-    ignored), or None."""
-    if not values:
-        return None
-    first = values[0]
-    use = next((u for u in uses if u.sentinel is not None and u.sentinel == first), None)
-    if use is None or min(values) != first or max(values) != first:
-        return None
-    return use
 
 
 @public
