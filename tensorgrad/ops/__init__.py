@@ -21,6 +21,7 @@ from . import (  # noqa: F401
     optim_ops,
     reduce,
     shape,
+    step_guard,
     stochastic,
     update_check,
 )
