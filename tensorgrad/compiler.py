@@ -23,7 +23,7 @@ from .codegen.kernel import Kernel, Target, emit_graph
 from .errors import ShapeError, TraceError
 from .gpu.interface import DeviceLimits, GPUDevice
 from .init import ParamSpec
-from .ir import Graph
+from .ir import DType, Graph
 from .module import Module
 from .ops.index import input_index_bounds
 from .ops.registry import OPS
@@ -32,7 +32,7 @@ from .passes import PASSES, Phase
 from .plan import BufferPlan, plan_buffers
 from .runtime import Executable, ParamStore, build_executable, pipeline_cache, shared_param_buffers
 from .tensor import Tensor
-from .trace import InputDecl, check_seed, trace_graph
+from .trace import InputDecl, InputSpec, check_seed, trace_graph
 
 __all__ = ["STAGES", "Compilation", "Options", "Request", "Stage", "compile_graph", "trace",
            "trace_forward"]
@@ -52,10 +52,10 @@ class Request:
     kind: Kind
     model: Module
     fn: Callable[..., Tensor]
-    inputs: Mapping[str, Any]
+    inputs: Mapping[str, InputSpec]
     optimizer: OptimizerConfig | None = None
     seed: int | None = None
-    output: str | None = None
+    output: DType | None = None
 
 
 @dataclass
@@ -271,7 +271,7 @@ def compile_graph(request: Request, options: Options, until: str = "build") -> C
 
 # ---- IR-only entry points --------------------------------------------------------------------
 
-def trace(model: Module, loss: Callable[..., Tensor], inputs: Mapping[str, Any],
+def trace(model: Module, loss: Callable[..., Tensor], inputs: Mapping[str, InputSpec],
           seed: int | None = None) -> Compilation:
     """Trace `loss(model, **inputs)` and derive its gradients: the forward + backward graph
     after dead-code elimination, before the optimizer (no device needed).
@@ -284,7 +284,7 @@ def trace(model: Module, loss: Callable[..., Tensor], inputs: Mapping[str, Any],
 
 
 def trace_forward(model: Module, forward: Callable[..., Tensor],
-                  inputs: Mapping[str, Any]) -> Compilation:
+                  inputs: Mapping[str, InputSpec]) -> Compilation:
     """Trace `forward(model, **inputs)` after dead-code elimination (no device needed).
 
     Input dims must be concrete: this traces one shape. For inputs of any size at run time,

@@ -21,9 +21,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .errors import ShapeError
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from numpy.typing import NDArray
+    from typing_extensions import Buffer
+
+    from .ir import DType
+
+    # Host data for one tensor, as step, run and upload_params take it: a numpy array, any
+    # other buffer (array.array, memoryview, bytes) or a (nested) list or tuple of numbers,
+    # in the declared shape or flat in row-major order (see the module docstring).
+    HostData: TypeAlias = Buffer | Sequence[Any]
+    # What a read gives back for one tensor: a numpy array when numpy imports, else a
+    # memoryview cast to the tensor's shape.
+    HostArray: TypeAlias = NDArray[Any] | memoryview
 
 _FORMATS = {"f32": ("f", "float32"), "i32": ("i", "int32"), "bool": ("I", "uint32")}
 _RANGES = {"f32": "-3.4e38..3.4e38", "i32": "-2147483648..2147483647", "bool": "0..4294967295"}
@@ -149,7 +165,7 @@ def element_count(value: Any) -> int:
     return len(value)
 
 
-def list_array(what: str, items: list[Any], fmt: str, dtype: str, count: int) -> Any:
+def list_array(what: str, items: list[Any], fmt: str, dtype: DType, count: int) -> Any:
     """An array.array of the list's numbers; ShapeError naming the first item that is not a
     number of `dtype`, or that does not fit it."""
     import array
@@ -170,7 +186,7 @@ def list_array(what: str, items: list[Any], fmt: str, dtype: str, count: int) ->
         raise ShapeError(what, f"expected {count} {dtype} numbers, got {e}") from None
 
 
-def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str,
+def to_bytes(what: str, value: HostData, shape: Sequence[int], dtype: DType,
              param: bool = False) -> memoryview:
     """Validate host data for a tensor of `shape`/`dtype` and view it as raw bytes.
 
@@ -204,7 +220,7 @@ def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str,
         value = list_array(what, flat_list(what, value, shape, param), fmt, dtype, count)
     carried = carried_shape(value)
     try:
-        view = memoryview(value)
+        view = memoryview(cast("Buffer", value))
     except TypeError:
         raise ShapeError(what, f"expected a numpy array or a buffer of {dtype}, got "
                          f"{type(value).__name__}") from None
@@ -222,7 +238,7 @@ def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str,
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def from_bytes(data: Any, shape: Sequence[int], dtype: str) -> Any:
+def from_bytes(data: bytes | memoryview, shape: Sequence[int], dtype: DType) -> HostArray:
     """Host array for raw bytes: numpy when available, else a memoryview cast to `shape`."""
     fmt, np_name = _FORMATS[dtype]
     count = prod(shape)
@@ -235,7 +251,7 @@ def from_bytes(data: Any, shape: Sequence[int], dtype: str) -> Any:
     return view.cast("B").cast(fmt, list(shape)) if len(shape) != 1 else view  # 0-d too
 
 
-def scalar_bytes(value: float, dtype: str) -> bytes:
+def scalar_bytes(value: float, dtype: DType) -> bytes:
     import struct
     return struct.pack("<f" if dtype == "f32" else "<i", value)
 

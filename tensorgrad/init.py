@@ -23,6 +23,7 @@ from math import prod
 from typing import Any
 
 from .errors import ShapeError
+from .ir import DType
 
 __all__ = [
     "InitSpec",
@@ -108,7 +109,7 @@ class ParamSpec:
 
     name: str
     shape: tuple[int, ...]
-    dtype: str = "f32"
+    dtype: DType = "f32"
     init: InitSpec = DEFAULT
     decay: bool = True
     fan_in: int = 1
@@ -171,7 +172,7 @@ def default_fan_in(shape: Sequence[int]) -> int:
     return int(prod(shape[1:]))
 
 
-def check_spec(spec: Any, shape: Sequence[int], dtype: str, name: str = "param",
+def check_spec(spec: Any, shape: Sequence[int], dtype: DType, name: str = "param",
                fan_in: int | None = None) -> None:
     """Raise ShapeError if `spec` cannot initialize a param of `shape`/`dtype`, or would make
     a value that is not a finite f32 (or, for i32, not an i32); `name` names the param."""
@@ -192,7 +193,7 @@ def check_spec(spec: Any, shape: Sequence[int], dtype: str, name: str = "param",
                                           if dtype == "f32" else ""))
 
 
-def _nonfinite_problem(spec: InitSpec, dtype: str, fan_in: int | None) -> str:
+def _nonfinite_problem(spec: InitSpec, dtype: DType, fan_in: int | None) -> str:
     """Why `spec` would make a value that is not a finite f32 (or an i32), or ""."""
     if isinstance(spec, Literal):
         for k, v in enumerate(spec.values):
@@ -312,7 +313,7 @@ def random_seed() -> int:
 
 
 def generate(spec: InitSpec, shape: Sequence[int], rng: Mulberry32, *, fan_in: int | None = None,
-             dtype: str = "f32", name: str = "param") -> array:
+             dtype: DType = "f32", name: str = "param") -> array:
     """Initial values of one param (flat, row-major), drawing from `rng` as the spec needs."""
     fan = default_fan_in(shape) if fan_in is None else fan_in
     check_spec(spec, shape, dtype, f"param '{name}'" if name != "param" else name, fan)

@@ -24,6 +24,7 @@ from typing import Any
 from . import init as _init
 from .errors import ShapeError, TraceError, user_call_site
 from .init import ParamSpec
+from .ir import DType
 from .tensor import Tensor, is_tracing, leaf
 
 __all__ = ["Module", "Param", "ParamSpec", "materialize"]
@@ -39,7 +40,7 @@ class Param:
     trace is an error."""
 
     shape: tuple[int, ...]
-    dtype: str
+    dtype: DType
     init: _init.InitSpec
     decay: bool
     fan_in: int
@@ -62,7 +63,7 @@ class Module:
     (no `super().__init__()` needed) and compute in `forward`; `layer(x)` calls `forward`."""
 
     def param(self, shape: Sequence[int], init: _init.InitSpec | None = None,
-              decay: bool | None = None, dtype: str = "f32",
+              decay: bool | None = None, dtype: DType = "f32",
               fan_in: int | None = None) -> Param:
         """Declare a param (call in `__init__`, assign the result to an attribute).
 

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from .errors import DeviceLimitError, PlanError
 from .gpu.interface import DeviceLimits
-from .ir import LEAF_OPS, Graph, Node, Shape
+from .ir import LEAF_OPS, DType, Graph, Node, Shape
 
 BUFFER_KINDS = ("param", "param_grad", "input", "state", "intermediate", "output", "capture",
                 "param_arena", "grad_arena", "arena")
@@ -39,7 +39,7 @@ class BufferSpec:
     id: int
     kind: str
     size: int
-    dtype: str
+    dtype: DType
     shape: Shape
     nodes: tuple[int, ...]
     name: str = ""

@@ -14,19 +14,33 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import describe
 from .codegen.kernel import Kernel, dispatch_size
 from .codegen.program import ProgramOp, is_core
 from .errors import AbortError, PlanError, ShapeError
 from .flight import CallQueue
-from .gpu.interface import BufferSlice, Copy, Dispatch, GPUDevice, split_slice
+from .gpu.interface import (
+    Binding,
+    BufferSlice,
+    Copy,
+    DeviceLimits,
+    Dispatch,
+    GPUDevice,
+    KernelHandle,
+    ProgramHandle,
+    split_slice,
+)
 from .hostdata import IndexBound, first_rejected, from_bytes, sentinel_only, to_bytes
 from .init import ParamSpec, check_spec, init_params
 from .ir import Graph, Node
 from .layout import ALIGN, arena_layout
-from .plan import check_bytes
+from .plan import BufferPlan, check_bytes
+
+if TYPE_CHECKING:
+    from .gpu.interface import HostBytes
+    from .hostdata import HostArray, HostData
 
 
 class ParamStore:
@@ -49,17 +63,18 @@ class ParamStore:
         self.layout = dict(layout)
         size = max([self.layout[n] + self.specs[n].size for n in f32], default=0)
         self._check_limits(device.limits, 4 * size if f32 else 0)
-        self.arena = device.create_buffer(4 * max(size, ALIGN), "params") if f32 else None
-        self.buffers: dict[str, Any] = {}
+        arena = device.create_buffer(4 * max(size, ALIGN), "params") if f32 else None
+        self.arena = arena
+        self.buffers: dict[str, Binding] = {}
         for name, spec in self.specs.items():
-            if name in self.layout:
-                self.buffers[name] = BufferSlice(self.arena, 4 * self.layout[name],
+            if arena is not None and name in self.layout:  # (an f32 param: there is one)
+                self.buffers[name] = BufferSlice(arena, 4 * self.layout[name],
                                                  max(4, 4 * spec.size))
             else:
                 self.buffers[name] = device.create_buffer(max(4, 4 * spec.size), name)
         self.reset()
 
-    def _check_limits(self, limits: Any, arena_bytes: int) -> None:
+    def _check_limits(self, limits: DeviceLimits, arena_bytes: int) -> None:
         """DeviceLimitError, as tg.compile's plan raises it, before anything is allocated or
         initialised: every param must fit one binding, the arena one buffer; ShapeError for an
         init that would make non-finite values."""
@@ -79,7 +94,7 @@ class ParamStore:
         for name, values in init_params(self.specs, self.seed).items():
             self.device.write_buffer(self.buffers[name], memoryview(values).cast("B"))
 
-    def check(self, params: Mapping[str, Any], partial: bool = False) -> dict[str, bytes]:
+    def check(self, params: Mapping[str, HostData], partial: bool = False) -> dict[str, bytes]:
         """{name: bytes} of {name: array}, every name unless `partial`: validated and copied
         (a later change to the caller's arrays changes nothing)."""
         unknown = sorted(set(params) - set(self.specs))
@@ -99,11 +114,11 @@ class ParamStore:
         for name, view in data.items():
             self.device.write_buffer(self.buffers[name], view)
 
-    def upload(self, params: Mapping[str, Any], partial: bool = False) -> None:
+    def upload(self, params: Mapping[str, HostData], partial: bool = False) -> None:
         """Write {name: array}; strict unless `partial`. Everything is checked first."""
         self.write(self.check(params, partial))
 
-    async def download(self) -> dict[str, Any]:
+    async def download(self) -> dict[str, HostArray]:
         names = self.names
         data = await self.device.read_buffers(
             [(self.buffers[n], max(4, 4 * self.specs[n].size)) for n in names])
@@ -120,11 +135,12 @@ class ParamStore:
         self.buffers = {}
 
 
-def shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int, Any]:
+def shared_param_buffers(graph: Graph, plan: BufferPlan, store: ParamStore
+                         ) -> dict[int, Binding]:
     """{buffer index of each param of `graph`: the store's buffer, a slice of its arena, or
     the arena itself where the plan packed the params as the store did}; ShapeError when the
     graph uses a param the store does not have, or with another shape."""
-    shared = {}
+    shared: dict[int, Binding] = {}
     for name, node in graph.params.items():
         if name not in store.buffers:
             raise ShapeError("attach", f"the forward uses param '{name}', which the model "
@@ -135,7 +151,7 @@ def shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int
                              f"model but {list(node.shape)} in the forward")
         index = plan.node_buffer[node.id]
         if plan.buffers[index].kind == "param_arena":
-            if plan.node_offset[node.id] != 4 * store.layout.get(name, -1):
+            if store.arena is None or plan.node_offset[node.id] != 4 * store.layout.get(name, -1):
                 raise PlanError(f"param '{name}' lies at byte {plan.node_offset[node.id]} of "
                                 "the compiled arena but elsewhere in the param store")
             shared[index] = store.arena
@@ -165,7 +181,7 @@ class PipelineCache:
     def __init__(self, device: GPUDevice, keep: int = UNUSED_PIPELINES_KEPT):
         self._device = weakref.ref(device)
         self.keep = keep
-        self.kernels: dict[str, Any] = {}  # every pipeline held, by WGSL
+        self.kernels: dict[str, KernelHandle] = {}  # every pipeline held, by WGSL
         self.refs: dict[str, int] = {}  # WGSL -> how many live executables use it
         self.unused: OrderedDict[str, None] = OrderedDict()  # no reference, oldest first
         self._lock = threading.Lock()
@@ -174,7 +190,7 @@ class PipelineCache:
     def device(self) -> GPUDevice | None:
         return self._device()
 
-    def acquire(self, sources: Sequence[tuple[str, str]]) -> list[Any]:
+    def acquire(self, sources: Sequence[tuple[str, str]]) -> list[KernelHandle]:
         """The pipeline of each `(wgsl, label)`, in order: those not held yet compiled in one
         `create_kernels` call (a browser compiles them in parallel); one reference taken on
         each distinct WGSL, to be dropped by :meth:`release`."""
@@ -208,7 +224,7 @@ class PipelineCache:
             if device is not None:
                 self._trim(device)
 
-    def get(self, wgsl: str, label: str) -> Any:
+    def get(self, wgsl: str, label: str) -> KernelHandle:
         """The pipeline of `wgsl` (compiled if not held), without a reference: it sits with
         the unused ones."""
         kernel = self.acquire([(wgsl, label)])[0]
@@ -221,7 +237,8 @@ class PipelineCache:
             device.destroy_kernel(self.kernels.pop(wgsl))
 
 
-_pipeline_caches: weakref.WeakKeyDictionary[Any, PipelineCache] = weakref.WeakKeyDictionary()
+_pipeline_caches: weakref.WeakKeyDictionary[GPUDevice, PipelineCache] = \
+    weakref.WeakKeyDictionary()
 _caches_lock = threading.Lock()
 
 
@@ -240,11 +257,11 @@ class Executable:
 
     device: GPUDevice
     graph: Graph
-    plan: Any
+    plan: BufferPlan
     kernels: list[Kernel]
-    buffers: list[Any]
-    owned: list[bool]
-    program: Any
+    buffers: list[Binding]  # one per plan buffer: made here, or shared (a param store's)
+    owned: list[bool]  # which of `buffers` this executable made (and frees)
+    program: ProgramHandle
     output_id: int
     status_id: int | None = None  # the step guard (1.0: the update was applied)
     pipelines: PipelineCache | None = None  # where its pipelines came from (released there)
@@ -273,7 +290,7 @@ class Executable:
                 f"{describe.byte_size(self.plan.peak_bytes)}, on {describe.device(self.device)}, "
                 f"{'destroyed' if self.destroyed else 'live'}>")
 
-    def buffer_of(self, node_id: int) -> Any:
+    def buffer_of(self, node_id: int) -> Binding:
         """What holds node `node_id`: its buffer, or the slice of an arena or of a shared
         buffer it lies in."""
         return binding(self.buffers, self.plan, self.graph, node_id)
@@ -293,17 +310,17 @@ class Executable:
                         "reduction='sum')")
         return ""
 
-    def leaf_buffer(self, op: str, name: str) -> Any:
+    def leaf_buffer(self, op: str, name: str) -> Binding:
         node = self.graph.leaves(op)[name]
         return self.buffer_of(node.id)
 
-    async def run(self, feeds: Mapping[str, Any], read_captures: bool = True
-                  ) -> tuple[Any, dict[str, Any], bool]:
+    async def run(self, feeds: Mapping[str, HostData], read_captures: bool = True
+                  ) -> tuple[HostArray, dict[str, HostArray], bool]:
         """Write `feeds` (every graph input, hidden ones included), run, read back.
 
         Returns the output array, {capture name: array} and whether the step guard let the
         update through (True for a graph without one)."""
-        writes = []
+        writes: list[tuple[Binding, HostBytes]] = []
         inputs = self.inputs
         for name, node in inputs.items():
             if name not in feeds:
@@ -326,24 +343,24 @@ class Executable:
         async with self.lock:
             if self.destroyed:
                 raise AbortError("graph destroyed")
-            data = await self.device.execute(self.program, writes, reads)
-        out = from_bytes(data[0], out_node.shape, out_node.dtype)
+            got = await self.device.execute(self.program, writes, reads)
+        out = from_bytes(got[0], out_node.shape, out_node.dtype)
         applied = True
         if self.status_id is not None:
-            applied = bytes(data[1][:4]) != b"\x00\x00\x00\x00"  # 1.0f or 0.0f
-            data = data[1:]
+            applied = bytes(got[1][:4]) != b"\x00\x00\x00\x00"  # 1.0f or 0.0f
+            got = got[1:]
         caps = {name: from_bytes(d, self.graph[i].shape, self.graph[i].dtype)
-                for (name, i), d in zip(captures, data[1:])}
+                for (name, i), d in zip(captures, got[1:])}
         return out, caps, applied
 
-    async def read(self, node_ids: list[int]) -> list[Any]:
+    async def read(self, node_ids: list[int]) -> list[HostArray]:
         reads = [(self.buffer_of(i), max(4, self.graph[i].nbytes)) for i in node_ids]
         async with self.lock:
             data = await self.device.read_buffers(reads)
         return [from_bytes(d, self.graph[i].shape, self.graph[i].dtype)
                 for i, d in zip(node_ids, data)]
 
-    def write(self, node_id: int, data: Any) -> None:
+    def write(self, node_id: int, data: HostBytes) -> None:
         self.device.write_buffer(self.buffer_of(node_id), data)
 
     def destroy(self) -> None:
@@ -356,7 +373,7 @@ class Executable:
         if self.pipelines is not None:
             self.pipelines.release(self.wgsls)
         for buf, own in zip(self.buffers, self.owned):
-            if own:
+            if own and not isinstance(buf, BufferSlice):  # what it made: whole buffers
                 self.device.destroy_buffer(buf)
 
 
@@ -372,7 +389,8 @@ def _check_index_range(name: str, data: memoryview, uses: Sequence[IndexBound]) 
                      "an all-zero row and be silently ignored)", site="")
 
 
-def binding(buffers: Sequence[Any], plan: Any, graph: Graph, node_id: int) -> Any:
+def binding(buffers: Sequence[Binding], plan: BufferPlan, graph: Graph, node_id: int
+            ) -> Binding:
     """The buffer (or slice) a kernel binds for node `node_id`."""
     buffer = buffers[plan.node_buffer[node_id]]
     offset = plan.node_offset[node_id]
@@ -393,10 +411,10 @@ def dispatch_label(node: Node, ops: Mapping[str, ProgramOp]) -> str:
     return "fused" if core is None else f"{program.nodes[core].op}+fused"
 
 
-def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[Kernel],
+def build_executable(device: GPUDevice, graph: Graph, plan: BufferPlan, kernels: list[Kernel],
                      output_id: int, pipelines: PipelineCache, chunk_size: int,
                      ops: Mapping[str, ProgramOp],
-                     shared: Mapping[int, Any] | None = None,
+                     shared: Mapping[int, Binding] | None = None,
                      status_id: int | None = None,
                      index_bounds: Mapping[str, tuple[IndexBound, ...]] | None = None,
                      ) -> Executable:
@@ -406,7 +424,8 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
     to label each dispatch, and `index_bounds`, what each i32 input that indexes may hold
     (checked on every run)."""
     shared = shared or {}
-    buffers, owned = [], []
+    buffers: list[Binding] = []
+    owned: list[bool] = []
     for idx, spec in enumerate(plan.buffers):
         if idx in shared:
             buffers.append(shared[idx])
@@ -442,9 +461,9 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
     except BaseException:  # e.g. ShaderCompileError: free what this call created
         if acquired:
             pipelines.release(wgsls)
-        for buf, own in zip(buffers, owned):
-            if own:
-                device.destroy_buffer(buf)
+        for held, own in zip(buffers, owned):
+            if own and not isinstance(held, BufferSlice):
+                device.destroy_buffer(held)
         raise
     return Executable(device, graph, plan, kernels, buffers, owned, program, output_id,
                       status_id, pipelines, tuple(wgsls), index_bounds=dict(index_bounds or {}))

@@ -14,10 +14,20 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..errors import DeviceLostError, ShaderCompileError
-from .interface import AdapterInfo, Copy, DeviceLimits, Dispatch, split_slice
+from .interface import (
+    AdapterInfo,
+    Binding,
+    BufferHandle,
+    Copy,
+    DeviceLimits,
+    Dispatch,
+    KernelHandle,
+    ProgramHandle,
+    split_slice,
+)
 from .native_program import (
     NativeKernel,
     NativeProgram,
@@ -29,10 +39,15 @@ from .native_program import (
     encode,
     error_text,
     field_of,
+    native_kernel,
     raw_pass_calls,
     trusted_module_maker,
+    wgpu_buffer,
 )
 from .workdone import NativeWorkDone
+
+if TYPE_CHECKING:
+    from .interface import HostBytes
 
 STAGING_KEPT, STAGING_KEPT_BYTES = 8, 64 << 20  # free readback buffers pooled, at most
 # wgpu-native spells some features its own way.
@@ -62,7 +77,10 @@ def _loss_reason(err: BaseException) -> str | None:
     return None
 
 
-def _loss_checked(method: Callable[..., Any]) -> Callable[..., Any]:
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def _loss_checked(method: Method) -> Method:
     """A device call that raises :class:`DeviceLostError` on a lost device: at once when the
     loss is known, else when wgpu's error says the device is lost (which records it)."""
     if asyncio.iscoroutinefunction(method):
@@ -76,7 +94,7 @@ def _loss_checked(method: Callable[..., Any]) -> Callable[..., Any]:
             except Exception as err:
                 self._note_loss(err)
                 raise
-        return run_async
+        return cast(Method, run_async)
 
     @functools.wraps(method)
     def run(self: NativeDevice, *args: Any, **kwargs: Any) -> Any:
@@ -88,7 +106,7 @@ def _loss_checked(method: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as err:
             self._note_loss(err)
             raise
-    return run
+    return cast(Method, run)
 
 
 class NativeDevice:
@@ -204,8 +222,9 @@ class NativeDevice:
 
     async def _wait(self, done: Any, fence: Any) -> None:
         try:
-            if isinstance(done, int):
-                await self._native_done.wait(done)
+            native = self._native_done
+            if isinstance(done, int) and native is not None:
+                await native.wait(done)  # a token of the native work-done poll
             else:
                 await done
         finally:
@@ -257,7 +276,7 @@ class NativeDevice:
     # -- buffers
 
     @_loss_checked
-    def create_buffer(self, size: int, label: str = "") -> Any:
+    def create_buffer(self, size: int, label: str = "") -> BufferHandle:
         """A zero-initialised storage buffer of `size` bytes (rounded up to a multiple of 4)."""
         size = max(4, (int(size) + 3) & ~3)
         if size > self.limits.max_buffer_size:
@@ -265,13 +284,13 @@ class NativeDevice:
                              f"{self.limits.max_buffer_size}")
         buffer = self.device.create_buffer(size=size, usage=self._storage_usage, label=label)
         self._count("buffers created")
-        return buffer
+        return BufferHandle(buffer)
 
     @_loss_checked
-    def write_buffer(self, buffer: Any, data: Any, offset: int = 0) -> None:
+    def write_buffer(self, buffer: Binding, data: HostBytes, offset: int = 0) -> None:
         """Copy host bytes into `buffer` (or a slice) at `offset` (a multiple of 4). Data
         whose length is not a multiple of 4 is padded with zero bytes."""
-        buffer, base, _ = split_slice(buffer)
+        handle, base, _ = split_slice(buffer)
         offset += base
         m = memoryview(data)
         if not m.c_contiguous:
@@ -279,10 +298,10 @@ class NativeDevice:
         if m.nbytes % 4:
             m = memoryview(m.tobytes() + bytes(4 - m.nbytes % 4))
         if m.nbytes:
-            self.queue.write_buffer(buffer, offset, m)
+            self.queue.write_buffer(wgpu_buffer(handle), offset, m)
 
-    def destroy_buffer(self, buffer: Any) -> None:
-        self._destroy_quietly(buffer)
+    def destroy_buffer(self, buffer: BufferHandle) -> None:
+        self._destroy_quietly(wgpu_buffer(buffer))
         self._count("buffers destroyed")
 
     def _destroy_staging(self, buffer: Any) -> None:
@@ -299,7 +318,7 @@ class NativeDevice:
     # -- kernels and programs
 
     @_loss_checked
-    def create_kernel(self, wgsl: str, label: str) -> NativeKernel:
+    def create_kernel(self, wgsl: str, label: str) -> KernelHandle:
         """Compile `wgsl` into a compute pipeline; :class:`ShaderCompileError` on failure."""
         device = self.device
         try:
@@ -315,12 +334,12 @@ class NativeDevice:
         except Exception as err:
             raise ShaderCompileError(label, wgsl, [error_text(err)]) from err
         self._count("pipelines created")
-        return NativeKernel(pipeline, label, wgsl)
+        return KernelHandle(NativeKernel(pipeline, label, wgsl))
 
-    def create_kernels(self, sources: Sequence[tuple[str, str]]) -> list[NativeKernel]:
+    def create_kernels(self, sources: Sequence[tuple[str, str]]) -> list[KernelHandle]:
         """:meth:`create_kernel` for each `(wgsl, label)`, one after another; when one fails,
         those made before it are released."""
-        made: list[NativeKernel] = []
+        made: list[KernelHandle] = []
         try:
             for wgsl, label in sources:
                 made.append(self.create_kernel(wgsl, label))
@@ -330,39 +349,42 @@ class NativeDevice:
             raise
         return made
 
-    def destroy_kernel(self, kernel: NativeKernel) -> None:
+    def destroy_kernel(self, kernel: KernelHandle) -> None:
         """Drop the device's references to a pipeline (wgpu releases it once no program
         holds it either)."""
-        if kernel.pipeline is None:
+        native = native_kernel(kernel)
+        if native.pipeline is None:
             return
-        kernel.pipeline = kernel._layout = None
+        native.pipeline = native._layout = None
         self._count("pipelines destroyed")
 
     @_loss_checked
-    def create_program(self, steps: Sequence[Dispatch | Copy], chunk_size: int) -> NativeProgram:
+    def create_program(self, steps: Sequence[Dispatch | Copy], chunk_size: int
+                       ) -> ProgramHandle:
         """Bind groups made once; steps split into chunks of `chunk_size` dispatches."""
         program = build_program(steps, chunk_size,
                                 self.limits.max_compute_workgroups_per_dimension,
                                 self._bind_group)
         self._count("programs created")
-        return program
+        return ProgramHandle(program)
 
-    def destroy_program(self, program: NativeProgram) -> None:
+    def destroy_program(self, program: ProgramHandle) -> None:
         """Drop a program's chunks and bind groups (a run in flight keeps what it holds)."""
-        if program.released:
+        native = cast(NativeProgram, program)
+        if native.released:
             return
-        program.released = True
-        program.chunks = []
+        native.released = True
+        native.chunks = []
         self._count("programs destroyed")
 
-    def _bind_group(self, kernel: NativeKernel, buffers: Sequence[Any], label: str) -> Any:
+    def _bind_group(self, kernel: NativeKernel, buffers: Sequence[Binding], label: str) -> Any:
         try:
             return self.device.create_bind_group(layout=kernel.layout(),
                                                  entries=bind_group_entries(buffers),
                                                  label=label)
         except Exception as err:
             raise ValueError(f"dispatch '{label}': cannot bind {len(buffers)} buffers "
-                             f"(sizes {[split_slice(b)[0].size for b in buffers]}) to kernel "
+                             f"(sizes {[wgpu_buffer(split_slice(b)[0]).size for b in buffers]}) to kernel "
                              f"'{kernel.label}': {error_text(err)}") from err
 
     # -- running
@@ -399,7 +421,7 @@ class NativeDevice:
         for old in dropped:
             self._destroy_staging(old)
 
-    async def _map_and_read(self, reads: list[tuple[Any, int, Any]],
+    async def _map_and_read(self, reads: list[tuple[Any, int, int, Any]],
                             nbytes: list[int]) -> list[memoryview]:
         promises = [staging.map_async(self._map_read, 0, size) for _, _, size, staging in reads]
         out: list[memoryview] = []
@@ -418,10 +440,12 @@ class NativeDevice:
                     self._destroy_staging(staging)
         return out
 
-    def _plan_reads(self, reads: Sequence[tuple[Any, int]]) -> tuple[list, list[int]]:
+    def _plan_reads(self, reads: Sequence[tuple[Binding, int]]
+                    ) -> tuple[list[tuple[Any, int, int, Any]], list[int]]:
         planned, nbytes = [], []
-        for buffer, n in reads:
-            buffer, offset, _ = split_slice(buffer)
+        for binding, n in reads:
+            handle, offset, _ = split_slice(binding)
+            buffer = wgpu_buffer(handle)
             n = int(n)
             size = max(4, (n + 3) & ~3)
             if offset + size > buffer.size:
@@ -432,8 +456,9 @@ class NativeDevice:
         return planned, nbytes
 
     @_loss_checked
-    async def execute(self, program: NativeProgram, writes: Sequence[tuple[Any, Any]],
-                      reads: Sequence[tuple[Any, int]]) -> list[memoryview]:
+    async def execute(self, program: ProgramHandle,
+                      writes: Sequence[tuple[Binding, HostBytes]],
+                      reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
         """Write inputs, run the chunks with at most two submissions in flight, then read
         back; the read copies ride in the last submission.
 
@@ -443,7 +468,7 @@ class NativeDevice:
         for buffer, data in writes:
             self.write_buffer(buffer, data)
         planned, nbytes = self._plan_reads(reads)
-        chunks = program.chunks
+        chunks = cast(NativeProgram, program).chunks
         last = len(chunks) - 1
         if last < 0:
             self.queue.submit([self._encode([], planned)])
@@ -465,7 +490,7 @@ class NativeDevice:
         return await self._map_and_read(planned, nbytes)
 
     @_loss_checked
-    async def read_buffers(self, reads: Sequence[tuple[Any, int]]) -> list[memoryview]:
+    async def read_buffers(self, reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
         """Read `(buffer, nbytes)` pairs back (one submission, one map each)."""
         planned, nbytes = self._plan_reads(reads)
         if not planned:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from .interface import BufferHandle, Copy, Dispatch, split_slice
+from .interface import Binding, BufferHandle, Copy, Dispatch, KernelHandle, split_slice
 
 
 @dataclass(eq=False)
@@ -65,8 +65,18 @@ class NativeProgram:
 
 
 
+def wgpu_buffer(handle: BufferHandle) -> Any:
+    """The wgpu-py GPUBuffer behind a buffer handle this adapter made."""
+    return handle
+
+
+def native_kernel(handle: KernelHandle) -> NativeKernel:
+    """The :class:`NativeKernel` behind a kernel handle this adapter made."""
+    return cast(NativeKernel, handle)
+
+
 def build_program(steps: Sequence[Dispatch | Copy], chunk_size: int, max_workgroups: int,
-                  bind_group: Callable[[NativeKernel, Sequence[BufferHandle], str], Any]
+                  bind_group: Callable[[NativeKernel, Sequence[Binding], str], Any]
                   ) -> NativeProgram:
     """Steps split into chunks of `chunk_size` dispatches (0: one chunk), each dispatch's bind
     group made once by `bind_group(kernel, buffers, label)` (shared by the dispatches that
@@ -80,7 +90,7 @@ def build_program(steps: Sequence[Dispatch | Copy], chunk_size: int, max_workgro
     labels: list[str] = []
     for step in steps:
         if isinstance(step, Dispatch):
-            kernel: NativeKernel = step.kernel
+            kernel = native_kernel(step.kernel)
             label = step.label or kernel.label
             x, y, z = (int(v) for v in step.workgroups)
             if max(x, y, z) > max_workgroups or min(x, y, z) < 0:
@@ -112,14 +122,15 @@ def build_program(steps: Sequence[Dispatch | Copy], chunk_size: int, max_workgro
     return NativeProgram([c for c in chunks if c], chunk_size, n_dispatches, labels)
 
 
-def bind_group_entries(buffers: Sequence[BufferHandle]) -> list[dict[str, Any]]:
+def bind_group_entries(buffers: Sequence[Binding]) -> list[dict[str, Any]]:
     """wgpu-py's bind group entries: binding i is buffer i (or the slice of it)."""
     entries = []
     for i, b in enumerate(buffers):
         handle, offset, size = split_slice(b)
+        buffer = wgpu_buffer(handle)
         entries.append({"binding": i, "resource": {
-            "buffer": handle, "offset": offset,
-            "size": handle.size - offset if size is None else size}})
+            "buffer": buffer, "offset": offset,
+            "size": buffer.size - offset if size is None else size}})
     return entries
 
 

@@ -15,13 +15,13 @@ from typing import Any
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..layout import ALIGN, arena_layout
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, define, record
 
 
-def _infer_pack(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_pack(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     offsets, size = tuple(attrs.get("offsets", ())), attrs.get("size")
     if not inputs or len(offsets) != len(inputs) or not isinstance(size, int):
         raise ShapeError("pack", f"expected one offset per input and a size, got {len(inputs)} "

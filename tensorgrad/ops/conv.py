@@ -17,7 +17,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .conv_tiled import (
     _emit_conv2d_input_grad_tiled,
@@ -73,7 +73,7 @@ def _conv_geometry(op: str, x: Shape, w_shape: Shape, stride: Pair, pad: Pair,
 
 # ---- shape rules -----------------------------------------------------------------------
 
-def _infer_conv2d(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_conv2d(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     x, wt = inputs
     require_dtype("conv2d", x, "f32", what="input")
     require_dtype("conv2d", wt, "f32", what="weight")
@@ -84,8 +84,8 @@ def _infer_conv2d(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape,
     return (x.shape[0], wt.shape[0], ho, wo), "f32"
 
 
-def _infer_conv2d_input_grad(inputs: Sequence[Node], attrs: dict[str, Any]
-                             ) -> tuple[Shape, str]:
+def _infer_conv2d_input_grad(inputs: Sequence[Node], attrs: Attrs
+                             ) -> tuple[Shape, DType]:
     wt, dy = inputs
     g = attrs["groups"]
     h, wd = attrs["in_hw"]
@@ -98,8 +98,8 @@ def _infer_conv2d_input_grad(inputs: Sequence[Node], attrs: dict[str, Any]
     return x_shape, "f32"
 
 
-def _infer_conv2d_weight_grad(inputs: Sequence[Node], attrs: dict[str, Any]
-                              ) -> tuple[Shape, str]:
+def _infer_conv2d_weight_grad(inputs: Sequence[Node], attrs: Attrs
+                              ) -> tuple[Shape, DType]:
     x, dy = inputs
     g = attrs["groups"]
     kh, kw = attrs["kernel"]
@@ -338,7 +338,7 @@ def _emit_conv2d_weight_grad(ctx: EmitContext) -> Kernel:
 
 # ---- definitions -----------------------------------------------------------------------
 
-def _vjp_conv2d(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list[Tensor]:
+def _vjp_conv2d(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs) -> list[Tensor]:
     x, wt = ins
     common = {"stride": at["stride"], "padding": at["padding"], "groups": at["groups"]}
     dx = record("conv2d_input_grad", [wt, dy], in_hw=tuple(x.shape[2:]), **common)

@@ -10,7 +10,7 @@ import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
 
 from ..errors import ShapeError
-from ..ir import DTYPES, Node, Shape
+from ..ir import DTYPES, Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .broadcast import broadcast_to, sum_to_shape
 from .registry import NO_GRAD, ZerosFn, define, public, record
@@ -78,7 +78,7 @@ def _unbroadcast(g: Tensor, shape: Shape) -> Tensor:
 
 # ---- constants -------------------------------------------------------------------------
 
-def _infer_full(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_full(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     if attrs["dtype"] not in DTYPES:
         raise ShapeError("full", f"dtype must be one of {DTYPES}, got {attrs['dtype']!r}")
     return tuple(attrs["shape"]), attrs["dtype"]
@@ -100,7 +100,7 @@ define("full", infer=_infer_full,
        torch=_torch_full, doc="A tensor filled with one value.")
 
 
-def full(shape: Sequence[int], value: float, dtype: str = "f32") -> Tensor:
+def full(shape: Sequence[int], value: float, dtype: DType = "f32") -> Tensor:
     """A tensor of `shape` filled with `value`."""
     shape = tuple(shape)
     if shape:
@@ -109,14 +109,14 @@ def full(shape: Sequence[int], value: float, dtype: str = "f32") -> Tensor:
 
 
 @public
-def zeros(shape: Sequence[int], dtype: str = "f32") -> Tensor:
+def zeros(shape: Sequence[int], dtype: DType = "f32") -> Tensor:
     """A tensor of zeros, `shape` of positive ints."""
     check_dims("zeros", tuple(shape))
     return full(shape, 0, dtype)
 
 
 @public
-def ones(shape: Sequence[int], dtype: str = "f32") -> Tensor:
+def ones(shape: Sequence[int], dtype: DType = "f32") -> Tensor:
     """A tensor of ones, `shape` of positive ints."""
     check_dims("ones", tuple(shape))
     return full(shape, 1, dtype)
@@ -143,8 +143,8 @@ def _is_number(x: Any) -> bool:
 
 # ---- binary arithmetic -----------------------------------------------------------------
 
-def _binary_infer(op: str, dtypes: tuple[str, ...], out_dtype: str | None = None):
-    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _binary_infer(op: str, dtypes: tuple[DType, ...], out_dtype: DType | None = None):
+    def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         a, b = inputs
         dtype = same_dtype(op, inputs)
         require_dtype(op, a, *dtypes, what="operands")
@@ -153,8 +153,8 @@ def _binary_infer(op: str, dtypes: tuple[str, ...], out_dtype: str | None = None
 
 
 def _binary(name: str, np_fn: Callable[[Any, Any], Any], expr: str, vjp: Any,
-            torch: tx.TorchFn, dtypes: tuple[str, ...] = ("f32", "i32"),
-            out_dtype: str | None = None, doc: str = "") -> None:
+            torch: tx.TorchFn, dtypes: tuple[DType, ...] = ("f32", "i32"),
+            out_dtype: DType | None = None, doc: str = "") -> None:
     define(name, infer=_binary_infer(name, dtypes, out_dtype),
            ref=lambda args, node: np_fn(args[0], args[1]),
            vjp=vjp, expr=lambda node: expr, torch=torch,
@@ -211,7 +211,7 @@ _binary("greater", lambda a, b: a > b, "select(0u, 1u, a0 > a1)", NO_GRAD,
 
 
 def _scalar_infer(op: str):
-    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         require_dtype(op, inputs[0], "f32", "i32")
         return inputs[0].shape, inputs[0].dtype
     return infer
@@ -316,7 +316,7 @@ def greater(a: TensorLike, b: TensorLike) -> Tensor:
     return record("greater", list(_both("greater", a, b)))
 
 
-def _infer_where(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_where(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     cond, a, b = inputs
     require_dtype("where", cond, "bool", what="cond")
     dtype = same_dtype("where", [a, b])
@@ -357,7 +357,7 @@ def where(cond: Tensor, a: TensorLike, b: TensorLike) -> Tensor:
 # ---- unary -----------------------------------------------------------------------------
 
 def _unary_infer(op: str):
-    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+    def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         require_dtype(op, inputs[0], "f32")
         return inputs[0].shape, "f32"
     return infer
@@ -428,7 +428,7 @@ relu = _unary("relu", lambda x: _np().maximum(x, 0), "select(max(a0, 0.0f), a0, 
               torch=tx.function("torch.relu"))
 
 
-def _infer_relu_grad(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_relu_grad(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     x, dy = inputs
     if x.shape != dy.shape:
         raise ShapeError("relu_grad", f"x {list(x.shape)} and dy {list(dy.shape)} differ")
@@ -443,7 +443,7 @@ define("relu_grad", infer=_infer_relu_grad,
        doc="dy where y > 0, else 0 (y: relu's output or input)")
 
 
-def _infer_same(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_same(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     return inputs[0].shape, inputs[0].dtype
 
 

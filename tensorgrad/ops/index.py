@@ -23,7 +23,7 @@ import tensorgrad.codegen.wgsl as w
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
 from ..hostdata import IndexBound
-from ..ir import DTYPES, Graph, Node, Shape
+from ..ir import DTYPES, Attrs, DType, Graph, Node, Shape
 from ..tensor import Tensor
 from .elementwise import mul
 from .registry import GRAD_ERROR, NO_GRAD, Stitch, define, public, record
@@ -44,14 +44,14 @@ def _check_dtype(op: str, dtype: Any) -> None:
         raise ShapeError(op, f"dtype must be one of {DTYPES}, got {dtype!r}")
 
 
-def _np_out(dtype: str, like: Any) -> Any:
+def _np_out(dtype: DType, like: Any) -> Any:
     """NumPy dtype for an op output: f32 follows the float inputs (float32 or float64)."""
     return _NP_DTYPES.get(dtype, like)
 
 
 # ---- one_hot ---------------------------------------------------------------------------
 
-def _infer_one_hot(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_one_hot(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (idx,) = inputs
     require_dtype("one_hot", idx, "i32", what="indices")
     depth = attrs["depth"]
@@ -181,7 +181,7 @@ def input_index_bounds(graph: Graph) -> dict[str, tuple[IndexBound, ...]]:
 
 
 @public
-def one_hot(idx: Tensor, depth: int, dtype: str = "f32") -> Tensor:
+def one_hot(idx: Tensor, depth: int, dtype: DType = "f32") -> Tensor:
     """[...] i32 indices -> [..., depth] of `dtype`; an out-of-range index gives a zero row.
     Indices that come straight from an input are checked when a step or run is called: one
     outside 0..depth - 1 fails it, naming the input and the value."""
@@ -193,7 +193,7 @@ def one_hot(idx: Tensor, depth: int, dtype: str = "f32") -> Tensor:
 
 # ---- arange ----------------------------------------------------------------------------
 
-def _infer_arange(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_arange(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     n = attrs["n"]
     if not is_int(n) or n <= 0:
         raise ShapeError("arange", f"n must be a positive int, got {n!r}")
@@ -217,14 +217,14 @@ define("arange", infer=_infer_arange,
 
 
 @public
-def arange(n: int, dtype: str = "i32") -> Tensor:
+def arange(n: int, dtype: DType = "i32") -> Tensor:
     """[n] holding 0, 1, ..., n-1 as i32 (or f32)."""
     return record("arange", [], n=n, dtype=dtype)
 
 
 # ---- row gather and scatter-add ------------------------------------------------------------
 
-def _infer_gather_rows(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_gather_rows(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     table, idx = inputs
     require_dtype("gather_rows", table, "f32", what="table")
     require_dtype("gather_rows", idx, "i32", what="indices")
@@ -246,7 +246,7 @@ def _ref_gather_rows(args: Sequence[Any], node: Node) -> Any:
     return np.where(_valid_rows(idx, rows)[..., None], picked, np.zeros((), table.dtype))
 
 
-def _vjp_gather_rows(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list:
+def _vjp_gather_rows(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs) -> list:
     table, idx = ins
     return [record("scatter_add_rows", [dy, idx], rows=table.shape[0]), None]
 
@@ -260,8 +260,8 @@ def _emit_gather_rows(ctx: EmitContext) -> Kernel:
     return w.thread_kernel(ctx, body)
 
 
-def _infer_scatter_add_rows(inputs: Sequence[Node], attrs: dict[str, Any]
-                            ) -> tuple[Shape, str]:
+def _infer_scatter_add_rows(inputs: Sequence[Node], attrs: Attrs
+                            ) -> tuple[Shape, DType]:
     dy, idx = inputs
     require_dtype("scatter_add_rows", dy, "f32", what="dy")
     require_dtype("scatter_add_rows", idx, "i32", what="indices")

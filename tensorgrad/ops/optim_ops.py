@@ -48,7 +48,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, define, record
 from .step_guard import (  # noqa: F401  (the guard's and the norms' names, importable here too)
@@ -77,7 +77,7 @@ GUARD_ROLES = ("ok",)
 
 # ---- shared checks ---------------------------------------------------------------------
 
-def _check_inputs(op: str, inputs: Sequence[Node], attrs: dict[str, Any],
+def _check_inputs(op: str, inputs: Sequence[Node], attrs: Attrs,
                   required: Sequence[str], optional: Sequence[str]) -> dict[str, Node]:
     """Map role -> node after checking the roles, that every input is f32 and that the
     scale roles are 0-d and agree with `attrs["clip"]`."""
@@ -159,7 +159,7 @@ def _scale_inputs(gnorm: Tensor | None, gtotal: Tensor | None, ok: Tensor | None
 ADAM_PARTS = ("mv", "m", "v")
 
 
-def _infer_moments(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_moments(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     op = "adam_moments"
     by = _check_inputs(op, inputs, attrs, ("state", "g"), (*SCALE_ROLES, *GUARD_ROLES))
     part = attrs.get("part")
@@ -200,12 +200,12 @@ def _ref_moments(args: Sequence[Any], node: Node) -> Any:
 # kernels and the step guard's trial of them (ops/update_check.py): both compute the same
 # text, so the trial sees the values the update would write.
 
-def adam_m_wgsl(attrs: dict[str, Any], m: str, g: str) -> str:
+def adam_m_wgsl(attrs: Attrs, m: str, g: str) -> str:
     """m' = b1 m + (1 - b1) g (g already scaled)."""
     return f"{w.lit(attrs['beta1'])} * {m} + {w.lit(1.0 - attrs['beta1'])} * {g}"
 
 
-def adam_v_wgsl(attrs: dict[str, Any], v: str, g: str) -> str:
+def adam_v_wgsl(attrs: Attrs, v: str, g: str) -> str:
     """v' = b2 v + (1 - b2) g²."""
     return f"{w.lit(attrs['beta2'])} * {v} + {w.lit(1.0 - attrs['beta2'])} * ({g} * {g})"
 
@@ -216,7 +216,7 @@ def adam_p_wgsl(p: str, m: str, v: str, lrt: str, eps: float, shrink: str | None
     return f"{s}{p} - {lrt} * {m} / (sqrt({v}) + {w.lit(eps)})"
 
 
-def sgd_wgsl(attrs: dict[str, Any], p: str, g: str, v: str | None, lr: str
+def sgd_wgsl(attrs: Attrs, p: str, g: str, v: str | None, lr: str
              ) -> tuple[str | None, str]:
     """(v' or None, p') of SGD from the effective gradient `g` (scaled, decay added) and the
     old velocity `v` (None without momentum): v' = mu v + g; p' = p - lr u with u = g, v', or
@@ -263,7 +263,7 @@ def adam_moments(state: Tensor, g: Tensor, part: str, beta1: float, beta2: float
                   beta1=float(beta1), beta2=float(beta2), clip=clip)
 
 
-def _infer_adam_p(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_adam_p(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     op = "adam_update_p"
     by = _check_inputs(op, inputs, attrs, ("p", "lrt"), ("mv", "m", "v", "shrink", "ok"))
     p = by["p"].shape
@@ -329,7 +329,7 @@ def adam_update_p(p: Tensor, moments: Sequence[Tensor], lrt: Tensor, eps: float,
 
 # ---- SGD ---------------------------------------------------------------------------------
 
-def _check_sgd_attrs(op: str, by: dict[str, Node], attrs: dict[str, Any]) -> None:
+def _check_sgd_attrs(op: str, by: dict[str, Node], attrs: Attrs) -> None:
     mu, wd = attrs.get("momentum", 0.0), attrs.get("weight_decay", 0.0)
     if mu < 0 or wd < 0:
         raise ShapeError(op, f"momentum {mu!r} and weight_decay {wd!r} must be >= 0")
@@ -349,7 +349,7 @@ def _g_eff_wgsl(node: Node) -> str:
     return f"{_wgsl_scale(node)}\n  let g = in{r['g']}[i] * gs{decay};"
 
 
-def _infer_velocity(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_velocity(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     op = "sgd_velocity"
     by = _check_inputs(op, inputs, attrs, ("v", "g"), ("p", *SCALE_ROLES, *GUARD_ROLES))
     _same_shape(op, by, "v", "g", "p")
@@ -378,7 +378,7 @@ define("sgd_velocity", infer=_infer_velocity, ref=_ref_velocity, vjp=GRAD_ERROR,
        doc="SGD momentum buffer v' = μ·v + g_eff (g_eff = scaled g + wd·p).")
 
 
-def _infer_sgd_p(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_sgd_p(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     op = "sgd_update_p"
     by = _check_inputs(op, inputs, attrs, ("p", "lr"), ("g", "v", *SCALE_ROLES, *GUARD_ROLES))
     _same_shape(op, by, "p", "g", "v")

@@ -16,7 +16,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .conv_tiled import TILED_MAX_TAPS
 from .registry import GRAD_ERROR, define, public, record
@@ -42,21 +42,21 @@ POOL_INIT = -3.4e38
 
 # ---- shape rules -----------------------------------------------------------------------
 
-def _pool_geometry(op: str, x: Shape, attrs: dict[str, Any]) -> tuple[int, int]:
+def _pool_geometry(op: str, x: Shape, attrs: Attrs) -> tuple[int, int]:
     kernel, stride, pad = attrs["kernel"], attrs["stride"], attrs["padding"]
     _check_window(op, kernel, stride, pad)
     return (_out_size(op, "height", x[2], kernel[0], stride[0], pad[0]),
             _out_size(op, "width", x[3], kernel[1], stride[1], pad[1]))
 
 
-def _infer_max_pool2d(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_max_pool2d(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (x,) = inputs
     require_dtype("max_pool2d", x, "f32")
     _require_rank4("max_pool2d", x, "input", "[B, C, H, W]")
     return (*x.shape[:2], *_pool_geometry("max_pool2d", x.shape, attrs)), "f32"
 
 
-def _infer_max_pool2d_grad(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_max_pool2d_grad(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     x, dy = inputs
     out = (*x.shape[:2], *_pool_geometry("max_pool2d_grad", x.shape, attrs))
     if dy.shape != out:
@@ -67,7 +67,7 @@ def _infer_max_pool2d_grad(inputs: Sequence[Node], attrs: dict[str, Any]) -> tup
 
 # ---- reference semantics (NumPy, any float dtype) ---------------------------------------
 
-def _pool_scan(x: Any, attrs: dict[str, Any], out_hw: Pair) -> tuple[Any, Any]:
+def _pool_scan(x: Any, attrs: Attrs, out_hw: Pair) -> tuple[Any, Any]:
     """(max, winning tap index i*kW + j or -1) of every window, scanning taps row-major."""
     np = _np()
     xp = _pad(x, attrs["padding"], -np.inf)
@@ -210,7 +210,7 @@ def _emit_max_pool2d_grad(ctx: EmitContext) -> Kernel:
 
 # ---- definitions -----------------------------------------------------------------------
 
-def _vjp_max_pool2d(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list[Tensor]:
+def _vjp_max_pool2d(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs) -> list[Tensor]:
     return [record("max_pool2d_grad", [ins[0], dy], **at)]
 
 

@@ -16,7 +16,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, define, public, record
 from .rules import flip_triangle, is_int, normalize_axis, same_dtype, same_last_two
@@ -58,7 +58,7 @@ def resolve_shape(op: str, src: Shape, shape: Sequence[int]) -> Shape:
     return shape
 
 
-def _infer_reshape(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_reshape(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,) = inputs
     return resolve_shape("reshape", a.shape, attrs["shape"]), a.dtype
 
@@ -105,7 +105,7 @@ def _check_perm(op: str, perm: Sequence[int], shape: Shape) -> tuple[int, ...]:
     return perm
 
 
-def _infer_permute(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_permute(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,) = inputs
     perm = _check_perm("permute", attrs["perm"], a.shape)
     return tuple(a.shape[p] for p in perm), a.dtype
@@ -210,7 +210,7 @@ def _check_range(op: str, shape: Shape, axis: int, start: int, end: int) -> None
                          f"{axis} of size {shape[axis]} (shape {list(shape)})")
 
 
-def _infer_slice(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_slice(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,) = inputs
     axis = normalize_axis("slice_range", attrs["axis"], len(a.shape))
     _check_range("slice_range", a.shape, axis, attrs["start"], attrs["end"])
@@ -263,7 +263,7 @@ define("slice_range", infer=_infer_slice, ref=_ref_slice,
            "256-byte aligned.")
 
 
-def _infer_scatter(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_scatter(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,) = inputs
     shape = tuple(attrs["shape"])
     axis = normalize_axis("scatter_axis", attrs["axis"], len(shape))
@@ -363,7 +363,7 @@ def _check_concat(op: str, shapes: Sequence[Shape], axis: int) -> None:
             raise ShapeError(op, f"shapes must match except on axis {axis}, got {listed}")
 
 
-def _infer_concat(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_concat(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     if not 1 <= len(inputs) <= MAX_CONCAT_INPUTS:
         raise ShapeError("concat", f"the primitive takes 1..{MAX_CONCAT_INPUTS} inputs, got "
                          f"{len(inputs)}")
@@ -375,7 +375,7 @@ def _infer_concat(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape,
     return tuple(shape), dtype
 
 
-def _vjp_concat(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list[Tensor]:
+def _vjp_concat(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs) -> list[Tensor]:
     grads, offset = [], 0
     for t in ins:
         size = t.shape[at["axis"]]

@@ -20,7 +20,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, define, record
 
@@ -50,7 +50,7 @@ def guard_width(sizes: Sequence[int]) -> int:
     return max(1, min(GUARD_THREADS_MAX, -(-max(sizes) // GUARD_PER_THREAD)))
 
 
-def _infer_partials(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_partials(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     if not 1 <= len(inputs) <= MAX_GUARD_INPUTS:
         raise ShapeError("partials", f"expected 1..{MAX_GUARD_INPUTS} inputs, got "
                          f"{len(inputs)}")
@@ -132,7 +132,7 @@ def sumsq_total(xs: Sequence[Tensor]) -> Tensor:
     return grad_norm_total([(reduce_sum(p), "raw") for p in partials])
 
 
-def _infer_step_ok(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_step_ok(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     roles = tuple(attrs.get("roles", ()))
     if len(roles) != len(inputs) or not 1 <= len(inputs) <= MAX_GUARD_INPUTS:
         raise ShapeError("step_ok", f"expected 1..{MAX_GUARD_INPUTS} inputs with one role "
@@ -216,7 +216,7 @@ def _ok_wgsl(node: Node, new: str, old: str) -> str:
 
 # ---- grad_sumsq --------------------------------------------------------------------------
 
-def _infer_sumsq(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_sumsq(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (g,) = inputs
     if g.dtype != "f32":
         raise ShapeError("grad_sumsq", f"input must be f32, got {g.dtype}{list(g.shape)}")
@@ -259,7 +259,7 @@ def grad_sumsq(g: Tensor) -> Tensor:
 TOTAL_ROLES = ("acc", "raw", "normalized")
 
 
-def _infer_total(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_total(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     roles = tuple(attrs.get("roles", ()))
     if not inputs or len(inputs) > MAX_TOTAL_INPUTS or len(roles) != len(inputs):
         raise ShapeError("grad_norm_total", f"expected 1..{MAX_TOTAL_INPUTS} inputs with one "

@@ -28,7 +28,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from . import optim_ops as oo
 from .registry import GRAD_ERROR, define, record
@@ -37,7 +37,7 @@ RULES = {"adam": ("mv", "m", "v"), "sgd": ("v",)}
 SCALARS = ("lr", "shrink", "gnorm", "gtotal")
 
 
-def _infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     op = "update_partials"
     rule = attrs.get("rule")
     if rule not in RULES:
@@ -138,7 +138,7 @@ define("update_partials", infer=_infer, ref=_ref, vjp=GRAD_ERROR, emit=_emit,
 
 
 def update_partials(rule: str, p: Tensor, g: Tensor, states: Sequence[tuple[str, Tensor]],
-                    scalars: Sequence[tuple[str, Tensor | None]], attrs: dict[str, Any],
+                    scalars: Sequence[tuple[str, Tensor | None]], attrs: Attrs,
                     params: Sequence[tuple[str, int, int]], max_inputs: int = 7) -> Tensor:
     """The trial of one update (`rule` "adam" | "sgd"): `states` are (role, old state)
     pairs, `scalars` (role, 0-d tensor or None) pairs of SCALARS, `attrs` the update's own

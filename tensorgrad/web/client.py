@@ -38,7 +38,7 @@ import inspect
 import sys
 from collections.abc import Callable, Mapping
 from math import prod
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from ..errors import RemoteError, remote_error
 from ..gpu import WebGPUSupport, in_pyodide
@@ -46,6 +46,9 @@ from ..hostdata import check_host_shape, flat_list, from_bytes, list_array, nump
 from ..results import Aborted, Captures, Completed, Failed, Result
 from .convert import flat_buffer, from_js, plain, to_js_value
 from .protocol import check_payload
+
+if TYPE_CHECKING:
+    from ..ir import DType
 
 __all__ = ["RemoteForward", "RemoteTraining", "Session", "check_webgpu", "start"]
 
@@ -121,7 +124,7 @@ def _decls(inputs: Mapping[str, Any] | None) -> dict[str, tuple[Any, str]]:
     return out
 
 
-def _typed_array(what: str, value: Any, dtype: str, shape: Any = None,
+def _typed_array(what: str, value: Any, dtype: DType, shape: Any = None,
                  param: bool = False) -> Any:
     """`value` as a fresh JS typed array (a JsProxy typed array passes through). Data that
     carries a shape is checked against the declared `shape` first (the shape rule of
