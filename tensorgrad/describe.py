@@ -5,11 +5,7 @@ the handles, results, compilations and exports that use it print in a line or tw
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .ir import DType
-
+from typing import Any
 
 __all__ = ["array", "arrays", "byte_size", "clip", "count", "device", "mapping", "shape"]
 
@@ -24,7 +20,7 @@ _DTYPES = {"f": "f32", "float32": "f32", "i": "i32", "int32": "i32", "l": "i64",
            "float16": "f16", "h": "i16", "int16": "i16", "H": "u16", "uint16": "u16"}
 
 
-def shape(dims: Iterable[Any], dtype: DType = "f32") -> str:
+def shape(dims: Iterable[Any], dtype: str = "f32") -> str:
     """``f32[256, 1]``: a dtype and its dims (None or a size name such as ``B`` as written)."""
     return f"{dtype}[{', '.join(str(d) for d in dims)}]"
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast
 
 from .errors import ShapeError
 
@@ -39,9 +39,10 @@ if TYPE_CHECKING:
     HostData: TypeAlias = Buffer | Sequence[Any]
     # What a read gives back for one tensor: a numpy array when numpy imports, else a
     # memoryview cast to the tensor's shape.
-    HostArray: TypeAlias = NDArray[Any] | memoryview
+    HostArray: TypeAlias = NDArray[Any] | memoryview[Any]
 
-_FORMATS = {"f32": ("f", "float32"), "i32": ("i", "int32"), "bool": ("I", "uint32")}
+_FORMATS: dict[str, tuple[Literal["f", "i", "I"], str]] = {
+    "f32": ("f", "float32"), "i32": ("i", "int32"), "bool": ("I", "uint32")}
 _RANGES = {"f32": "-3.4e38..3.4e38", "i32": "-2147483648..2147483647", "bool": "0..4294967295"}
 _NUMPY: Any = None
 
@@ -58,11 +59,12 @@ def numpy_or_none() -> Any:
     return _NUMPY or None
 
 
-def _is_int(d: Any) -> bool:
+def _is_int(d: object) -> TypeGuard[int]:
     return isinstance(d, int) and not isinstance(d, bool)
 
 
-def _nested(what: str, value: list | tuple) -> tuple[tuple[int, ...], list[Any]]:
+def _nested(what: str, value: list[Any] | tuple[Any, ...]
+            ) -> tuple[tuple[int, ...], list[Any]]:
     """The shape and the flat items of a (possibly nested) list: at each depth every item
     must be a list of one length, or every item a number (ShapeError otherwise)."""
     shape: list[int] = []
@@ -78,9 +80,9 @@ def _nested(what: str, value: list | tuple) -> tuple[tuple[int, ...], list[Any]]
                                  "be rectangular")
         shape.append(width)
         level = [v for row in level for v in row]
-    k = next((k for k, v in enumerate(level) if isinstance(v, (list, tuple))), None)
-    if k is not None:
-        raise ShapeError(what, f"a ragged nested list: at depth {len(shape)}, item {k} is a "
+    bad = next((k for k, v in enumerate(level) if isinstance(v, (list, tuple))), None)
+    if bad is not None:
+        raise ShapeError(what, f"a ragged nested list: at depth {len(shape)}, item {bad} is a "
                          "list where item 0 is a number; nested lists must be rectangular")
     return tuple(shape), level
 
@@ -112,7 +114,7 @@ def check_layout(what: str, carried: Sequence[int] | None, shape: Sequence[int |
     if carried is None or len(carried) <= 1:
         return
     carried = tuple(carried)
-    if prod(carried) == 1 and None not in shape and prod(shape) == 1:
+    if prod(carried) == 1 and None not in shape and prod(shape) == 1:  # type: ignore[arg-type]
         return
     if len(carried) == len(shape) and all(d is None or d == c for d, c in zip(shape, carried)):
         return
@@ -126,7 +128,7 @@ def check_layout(what: str, carried: Sequence[int] | None, shape: Sequence[int |
                      f"pass data of shape {want} (or flat data in that row-major order)")
 
 
-def flat_list(what: str, value: list | tuple, shape: Sequence[int | None],
+def flat_list(what: str, value: list[Any] | tuple[Any, ...], shape: Sequence[int | None],
               param: bool = False) -> list[Any]:
     """The items of a (nested) list, its shape checked by :func:`check_layout` when its
     element count fits `shape` (a wrong count is the caller's size error)."""
@@ -165,7 +167,7 @@ def element_count(value: Any) -> int:
     return len(value)
 
 
-def list_array(what: str, items: list[Any], fmt: str, dtype: DType, count: int) -> Any:
+def list_array(what: str, items: list[Any], fmt: str, dtype: str, count: int) -> Any:
     """An array.array of the list's numbers; ShapeError naming the first item that is not a
     number of `dtype`, or that does not fit it."""
     import array
@@ -186,6 +188,31 @@ def list_array(what: str, items: list[Any], fmt: str, dtype: DType, count: int) 
         raise ShapeError(what, f"expected {count} {dtype} numbers, got {e}") from None
 
 
+def _numpy_bytes(what: str, value: Any, shape: Sequence[int], dtype: DType,
+                 param: bool) -> memoryview:
+    """:func:`to_bytes` of a numpy array: its dtype converted where the kind fits."""
+    np = numpy_or_none()
+    np_name = _FORMATS[dtype][1]
+    count = prod(shape)
+    if value.dtype != np.dtype(np_name):
+        kind = value.dtype.kind
+        ok = (dtype == "f32" and kind == "f") or (dtype in ("i32", "bool") and kind in "iub")
+        if not ok:
+            raise ShapeError(what, f"expected {dtype} data, got a numpy array of "
+                             f"{value.dtype}")
+        if dtype == "i32" and kind in "iu" and value.size:
+            lo, hi = int(value.min()), int(value.max())
+            if lo < -2**31 or hi >= 2**31:
+                raise ShapeError(what, f"a {value.dtype} array with values {lo}..{hi} "
+                                 "does not fit i32 (-2147483648..2147483647)")
+        value = value.astype(np_name)
+    if value.size != count:
+        raise ShapeError(what, f"expected {count} elements (shape {list(shape)}), got "
+                         f"{value.size} (shape {list(value.shape)})")
+    check_layout(what, value.shape, shape, param)
+    return memoryview(np.ascontiguousarray(value)).cast("B")
+
+
 def to_bytes(what: str, value: HostData, shape: Sequence[int], dtype: DType,
              param: bool = False) -> memoryview:
     """Validate host data for a tensor of `shape`/`dtype` and view it as raw bytes.
@@ -195,27 +222,11 @@ def to_bytes(what: str, value: HostData, shape: Sequence[int], dtype: DType,
     :func:`check_layout`: data carrying 2 or more dims must have `shape` exactly, flat data of
     the right size passes. `param`: `value` is a weight (the transpose hint names PyTorch's
     Linear layout)."""
-    fmt, np_name = _FORMATS[dtype]
+    fmt = _FORMATS[dtype][0]
     count = prod(shape)
     np = numpy_or_none()
     if np is not None and isinstance(value, np.ndarray):
-        if value.dtype != np.dtype(np_name):
-            kind = value.dtype.kind
-            ok = (dtype == "f32" and kind == "f") or (dtype in ("i32", "bool") and kind in "iub")
-            if not ok:
-                raise ShapeError(what, f"expected {dtype} data, got a numpy array of "
-                                 f"{value.dtype}")
-            if dtype == "i32" and kind in "iu" and value.size:
-                lo, hi = int(value.min()), int(value.max())
-                if lo < -2**31 or hi >= 2**31:
-                    raise ShapeError(what, f"a {value.dtype} array with values {lo}..{hi} "
-                                     "does not fit i32 (-2147483648..2147483647)")
-            value = value.astype(np_name)
-        if value.size != count:
-            raise ShapeError(what, f"expected {count} elements (shape {list(shape)}), got "
-                             f"{value.size} (shape {list(value.shape)})")
-        check_layout(what, value.shape, shape, param)
-        return memoryview(np.ascontiguousarray(value)).cast("B")
+        return _numpy_bytes(what, value, shape, dtype, param)
     if isinstance(value, (list, tuple)):
         value = list_array(what, flat_list(what, value, shape, param), fmt, dtype, count)
     carried = carried_shape(value)

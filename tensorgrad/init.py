@@ -143,7 +143,7 @@ def ones() -> Ones:
 def literal(values: Iterable[float]) -> Literal:
     """Init from given values (any flat iterable or array; nested lists are flattened)."""
     if hasattr(values, "tolist"):  # numpy arrays, without importing numpy
-        values = values.tolist()  # type: ignore[union-attr]
+        values = values.tolist()
     return Literal(tuple(float(v) for v in _flatten(values)))
 
 
@@ -281,7 +281,7 @@ class Mulberry32:
         self.state = t0
         return out
 
-    def normals(self, n: int, std: float) -> array:
+    def normals(self, n: int, std: float) -> array[float]:
         """`n` Box–Muller samples times `std`, as f32 (two uniforms per sample)."""
         np = _numpy()
         u = self.uniforms(2 * n)
@@ -313,7 +313,7 @@ def random_seed() -> int:
 
 
 def generate(spec: InitSpec, shape: Sequence[int], rng: Mulberry32, *, fan_in: int | None = None,
-             dtype: DType = "f32", name: str = "param") -> array:
+             dtype: DType = "f32", name: str = "param") -> array[Any]:
     """Initial values of one param (flat, row-major), drawing from `rng` as the spec needs."""
     fan = default_fan_in(shape) if fan_in is None else fan_in
     check_spec(spec, shape, dtype, f"param '{name}'" if name != "param" else name, fan)
@@ -335,7 +335,7 @@ def generate(spec: InitSpec, shape: Sequence[int], rng: Mulberry32, *, fan_in: i
 
 
 def init_params(specs: Mapping[str, ParamSpec] | Iterable[ParamSpec], seed: int
-                ) -> dict[str, array]:
+                ) -> dict[str, array[Any]]:
     """Initial values for every param, in order, from one Mulberry32(seed) stream.
 
     `specs`: ParamSpecs (e.g. `model.named_params()` or a trace's `params`). Returns

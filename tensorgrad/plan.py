@@ -381,6 +381,8 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
 def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple[int | str, ...]
                        ) -> ResolvedWriteback:
     source, dest, kind = wb[:3]
+    if not isinstance(source, int):  # (checked by _check_args)
+        raise PlanError(f"writeback {wb!r}: the source must be a node id")
     src_node = graph[source]
     if kind == "node":
         offset = int(wb[3]) if len(wb) > 3 else 0
@@ -390,13 +392,13 @@ def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple[int | str, ...]
             raise PlanError(f"writeback %{source} -> %{dest} at {offset}: "
                             f"{src_node.nbytes} bytes do not fit in {graph[dest].nbytes}")
         src, dst = plan.node_buffer[source], plan.node_buffer[dest]
-        return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, str(dest), kind,
+        return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, str(dest), str(kind),
                                  plan.node_offset[source], plan.node_offset[dest] + offset)
-    table = {"param": plan.params, "state": plan.states}.get(kind)
+    table = {"param": plan.params, "state": plan.states}.get(str(kind))
     if table is None:
         raise PlanError(f"writeback %{source} -> '{dest}': kind must be 'param' or 'state', "
                         f"got {kind!r}")
-    if dest not in table:
+    if not isinstance(dest, str) or dest not in table:
         raise PlanError(f"writeback %{source} -> {kind} '{dest}': the graph has no {kind} of "
                         f"that name (known: {sorted(table)})")
     dst_node = getattr(graph, f"{kind}s")[dest]
@@ -407,7 +409,7 @@ def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple[int | str, ...]
     src, dst = plan.node_buffer[source], table[dest]
     if src == dst:
         raise PlanError(f"writeback %{source} -> {kind} '{dest}' copies a buffer onto itself")
-    return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, dest, kind,
+    return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, dest, str(kind),
                              plan.node_offset[source], plan.node_offset[dst_node.id])
 
 

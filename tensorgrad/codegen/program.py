@@ -126,7 +126,7 @@ def _emit_stitched(ctx: EmitContext, program: FusedProgram, core: int,
     def shape_of(ref: int) -> Shape:
         return ctx.inputs[-ref - 1].shape if ref < 0 else program.nodes[ref].shape
 
-    def dtype_of(ref: int) -> str:
+    def dtype_of(ref: int) -> DType:
         return ctx.inputs[-ref - 1].dtype if ref < 0 else program.nodes[ref].dtype
 
     emit = ops[cnode.op].emit

@@ -5,6 +5,7 @@ input gradient share one emitter, the weight gradient has its own (see the comme
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
 
@@ -113,7 +114,8 @@ class _Correlation:
     kernel: Pair
 
 
-def _tile_sizes(out_hw: Pair, per_group: int, taps: int, steps: Pair) -> tuple[int, int, int]:
+def _tile_sizes(out_hw: Sequence[int], per_group: int, taps: int, steps: Pair
+                ) -> tuple[int, int, int]:
     """(channels, rows, cols) of outputs per thread; rows and cols multiples of `steps`."""
     budget = max(1, min(TILE_MAX_OUTPUTS, TILE_MAX_FMAS // taps))
     cols = _run(out_hw[1], min(TILE_MAX_RUN, budget), steps[1])
@@ -140,11 +142,11 @@ def _tap_block(c: _Correlation, rows: _Axis, cols: _Axis, chans: int, ki: int) -
             lines.append(f"      let w{j}_{kj} = {c.weight}[wq{j} + wl + {w.u(ki * kw + kj)}];")
     for j in range(chans):
         for r in live:
-            er = _name(rows.reads[(r, ki)])
+            row = _name(rows.reads[(r, ki)])
             for t in range(cols.run):
                 for kj in range(kw):
                     if (t, kj) in cols.reads:
-                        s = f"s{er}_{_name(cols.reads[(t, kj)])}"
+                        s = f"s{row}_{_name(cols.reads[(t, kj)])}"
                         lines.append(f"      a{j}_{r}_{t} = fma({s}, w{j}_{kj}, a{j}_{r}_{t});")
     lines.append("    }")
     return lines

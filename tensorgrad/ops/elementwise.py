@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from types import ModuleType
+from typing import Any, TypeGuard
 
 import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
@@ -13,7 +14,7 @@ from ..errors import ShapeError
 from ..ir import DTYPES, Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .broadcast import broadcast_to, sum_to_shape
-from .registry import NO_GRAD, ZerosFn, define, public, record
+from .registry import NO_GRAD, InferFn, VjpFn, ZerosFn, define, public, record
 from .rules import (
     broadcast_shapes,
     check_dims,
@@ -31,7 +32,7 @@ ERF_P = 0.3275911
 ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
@@ -137,13 +138,14 @@ def _both(op: str, a: TensorLike, b: TensorLike) -> tuple[Tensor, Tensor]:
     return _as_tensor(op, a, like), _as_tensor(op, b, like)  # type: ignore[arg-type]
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: object) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 # ---- binary arithmetic -----------------------------------------------------------------
 
-def _binary_infer(op: str, dtypes: tuple[DType, ...], out_dtype: DType | None = None):
+def _binary_infer(op: str, dtypes: tuple[DType, ...], out_dtype: DType | None = None
+                  ) -> InferFn:
     def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         a, b = inputs
         dtype = same_dtype(op, inputs)
@@ -180,8 +182,8 @@ _binary("div", lambda a, b: a / b, "(a0 / a1)",
         tx.operator("/", tx.MUL), dtypes=("f32",))
 
 
-def _minmax_vjp(compare: Callable[[Tensor, Tensor], Tensor]):
-    def vjp(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> list[Tensor]:
+def _minmax_vjp(compare: Callable[[Tensor, Tensor], Tensor]) -> VjpFn:
+    def vjp(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: Attrs) -> list[Tensor]:
         a, b = ins
         mask = compare(a, b)  # where a strictly wins; ties send the gradient to b
         return [_unbroadcast(where(mask, dy, 0.0), a.shape),
@@ -210,7 +212,7 @@ _binary("greater", lambda a, b: a > b, "select(0u, 1u, a0 > a1)", NO_GRAD,
         tx.operator(">", tx.CMP), out_dtype="bool")
 
 
-def _scalar_infer(op: str):
+def _scalar_infer(op: str) -> InferFn:
     def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         require_dtype(op, inputs[0], "f32", "i32")
         return inputs[0].shape, inputs[0].dtype
@@ -257,9 +259,9 @@ def mul_scalar(x: Tensor, s: float) -> Tensor:
 def add(a: TensorLike, b: TensorLike) -> Tensor:
     """a + b with broadcasting; a Python number on either side."""
     if _is_number(b) and isinstance(a, Tensor):
-        return add_scalar(a, b)  # type: ignore[arg-type]
+        return add_scalar(a, b)
     if _is_number(a) and isinstance(b, Tensor):
-        return add_scalar(b, a)  # type: ignore[arg-type]
+        return add_scalar(b, a)
     return record("add", list(_both("add", a, b)))
 
 
@@ -267,7 +269,7 @@ def add(a: TensorLike, b: TensorLike) -> Tensor:
 def sub(a: TensorLike, b: TensorLike) -> Tensor:
     """a - b with broadcasting; a Python number on either side."""
     if _is_number(b) and isinstance(a, Tensor):
-        return add_scalar(a, -b)  # type: ignore[operator]
+        return add_scalar(a, -b)
     return record("sub", list(_both("sub", a, b)))
 
 
@@ -275,9 +277,9 @@ def sub(a: TensorLike, b: TensorLike) -> Tensor:
 def mul(a: TensorLike, b: TensorLike) -> Tensor:
     """a * b with broadcasting; a Python number on either side."""
     if _is_number(b) and isinstance(a, Tensor):
-        return mul_scalar(a, b)  # type: ignore[arg-type]
+        return mul_scalar(a, b)
     if _is_number(a) and isinstance(b, Tensor):
-        return mul_scalar(b, a)  # type: ignore[arg-type]
+        return mul_scalar(b, a)
     return record("mul", list(_both("mul", a, b)))
 
 
@@ -288,7 +290,7 @@ def div(a: TensorLike, b: TensorLike) -> Tensor:
         if b == 0:
             raise ShapeError("div", "division by the scalar 0")
         require_dtype("div", a.node, "f32", what="dividend")
-        return mul_scalar(a, 1.0 / b)  # type: ignore[operator]
+        return mul_scalar(a, 1.0 / b)
     return record("div", list(_both("div", a, b)))
 
 
@@ -323,7 +325,8 @@ def _infer_where(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     return broadcast_shapes("where", cond.shape, a.shape, b.shape), dtype
 
 
-def _vjp_where(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> list:
+def _vjp_where(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: Attrs
+               ) -> list[Tensor | None]:
     cond, a, b = ins
     return [None, _unbroadcast(where(cond, dy, 0.0), a.shape),
             _unbroadcast(where(cond, 0.0, dy), b.shape)]
@@ -350,13 +353,13 @@ def where(cond: Tensor, a: TensorLike, b: TensorLike) -> Tensor:
         raise ShapeError("where", f"cond must be a bool Tensor, got {type(cond).__name__}")
     a_t, b_t = _both("where", a, b)
     if not isinstance(a, Tensor) and isinstance(b, Tensor):
-        a_t = full((), a, b.dtype)  # type: ignore[arg-type]
+        a_t = full((), a, b.dtype)
     return record("where", [cond, a_t, b_t])
 
 
 # ---- unary -----------------------------------------------------------------------------
 
-def _unary_infer(op: str):
+def _unary_infer(op: str) -> InferFn:
     def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         require_dtype(op, inputs[0], "f32")
         return inputs[0].shape, "f32"
@@ -390,7 +393,7 @@ log = _unary("log", lambda x: _np().log(x), "nan_if(log(a0), a0 < 0.0f)",
 exp = _unary("exp", lambda x: _np().exp(x), "exp(a0)",
              lambda i, c, dy, at: [mul(dy, c)], "e^x",
              torch=tx.function("torch.exp"))
-neg = _unary("neg", lambda x: -x, "(-a0)", lambda i, c, dy, at: [neg(dy)], "-x",
+neg: Callable[[Tensor], Tensor] = _unary("neg", lambda x: -x, "(-a0)", lambda i, c, dy, at: [neg(dy)], "-x",
              zeros=lambda node, inputs, zeros: zeros[0],
              torch=lambda n, a, cx: tx.negate(a[0]))
 abs = _unary("abs", lambda x: _np().abs(x), "abs(a0)",
@@ -414,7 +417,7 @@ erf = _unary("erf", erf_reference, "erf_as(a0)",
 sin = _unary("sin", lambda x: _np().sin(x), "sin(a0)",
              lambda i, c, dy, at: [mul(dy, cos(i[0]))], "Sine",
              torch=tx.function("torch.sin"))
-cos = _unary("cos", lambda x: _np().cos(x), "cos(a0)",
+cos: Callable[[Tensor], Tensor] = _unary("cos", lambda x: _np().cos(x), "cos(a0)",
              lambda i, c, dy, at: [mul(dy, neg(sin(i[0])))], "Cosine",
              torch=tx.function("torch.cos"))
 # max(NaN, 0) is 0 on some drivers: a NaN must stay NaN (as in NumPy and PyTorch), or a bad

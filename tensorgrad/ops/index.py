@@ -15,6 +15,7 @@ turns into a zero row on purpose.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.torchexpr as tx
@@ -34,7 +35,7 @@ _NP_DTYPES = {"i32": "int32", "bool": "bool"}
 I32_RANGE = (-(1 << 31), (1 << 31) - 1)
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
@@ -150,7 +151,10 @@ def _index_reads(graph: Graph, node: Node) -> list[tuple[Node, IndexBound]]:
 
     reads = []
     for pn in program:
-        use = _index_use(pn, lambda k, pn=pn: shape(pn.inputs[k]))
+        def input_shape(k: int, pn: Node = pn) -> Shape:
+            return shape(pn.inputs[k])
+
+        use = _index_use(pn, input_shape)
         if use is None:
             continue
         ref = pn.inputs[use[0]]
@@ -246,7 +250,8 @@ def _ref_gather_rows(args: Sequence[Any], node: Node) -> Any:
     return np.where(_valid_rows(idx, rows)[..., None], picked, np.zeros((), table.dtype))
 
 
-def _vjp_gather_rows(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs) -> list:
+def _vjp_gather_rows(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs
+                     ) -> list[Tensor | None]:
     table, idx = ins
     return [record("scatter_add_rows", [dy, idx], rows=table.shape[0]), None]
 

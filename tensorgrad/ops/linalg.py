@@ -100,7 +100,7 @@ def _flat_rows(x: Tensor) -> Tensor:
     return reshape(x, (prod(x.shape[:-1]), x.shape[-1]))
 
 
-def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> list[Tensor]:
+def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: Attrs) -> list[Tensor]:
     a, b = ins
     ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
     batched = len(b.shape) > 2

@@ -10,6 +10,7 @@ into the kernels around them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.torchexpr as tx
@@ -21,16 +22,16 @@ from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .elementwise import add, mul
 from .reduce import ROW_STITCH, RowStat, row_kernel
-from .registry import GRAD_ERROR, Stitch, define, public, record
+from .registry import GRAD_ERROR, InferFn, Stitch, define, public, record
 from .rules import is_finite_number, require_dtype
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
 
-def _infer_normalize(op: str):
+def _infer_normalize(op: str) -> InferFn:
     def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         x = inputs[0]
         for k, node in enumerate(inputs):

@@ -142,9 +142,10 @@ def _wgsl_scale(node: Node) -> str:
 
 
 def _scale_inputs(gnorm: Tensor | None, gtotal: Tensor | None, ok: Tensor | None = None
-                  ) -> tuple[list, list]:
+                  ) -> tuple[list[Tensor], list[str]]:
     """The optional scale inputs (and the step guard) of an update op, with their roles."""
-    tensors, roles = [], []
+    tensors: list[Tensor] = []
+    roles: list[str] = []
     for t, role in ((gnorm, "gnorm"), (gtotal, "gtotal"), (ok, "ok")):
         if t is not None:
             tensors.append(t)
@@ -318,13 +319,14 @@ def adam_update_p(p: Tensor, moments: Sequence[Tensor], lrt: Tensor, eps: float,
                   shrink: Tensor | None = None, ok: Tensor | None = None) -> Tensor:
     """The new param from the new moments (one packed [2, ...] tensor, or m and v); the old
     param where the step guard `ok` is 0."""
-    roles = ("mv",) if len(moments) == 1 else ("m", "v")
+    roles: tuple[str, ...] = ("mv",) if len(moments) == 1 else ("m", "v")
     inputs, extra = [p, *moments, lrt], ("lrt",)
+    extra_roles: tuple[str, ...] = extra
     for t, role in ((shrink, "shrink"), (ok, "ok")):
         if t is not None:
             inputs.append(t)
-            extra += (role,)
-    return record("adam_update_p", inputs, roles=("p", *roles, *extra), eps=float(eps))
+            extra_roles += (role,)
+    return record("adam_update_p", inputs, roles=("p", *roles, *extra_roles), eps=float(eps))
 
 
 # ---- SGD ---------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from .registry import GRAD_ERROR, define, public, record
 from .rules import is_int, require_dtype
 from .window import (
     IntOrPair,
-    Pair,
     _cdiv,
     _check_window,
     _in_range,
@@ -67,7 +66,7 @@ def _infer_max_pool2d_grad(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape,
 
 # ---- reference semantics (NumPy, any float dtype) ---------------------------------------
 
-def _pool_scan(x: Any, attrs: Attrs, out_hw: Pair) -> tuple[Any, Any]:
+def _pool_scan(x: Any, attrs: Attrs, out_hw: Sequence[int]) -> tuple[Any, Any]:
     """(max, winning tap index i*kW + j or -1) of every window, scanning taps row-major."""
     np = _np()
     xp = _pad(x, attrs["padding"], -np.inf)
@@ -217,7 +216,9 @@ def _vjp_max_pool2d(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs) -
 def _torch_max_pool2d(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
     """F.max_pool2d, or a helper where the padding exceeds half the kernel (torch refuses)."""
     kernel, stride, pad = (tuple(n.attrs[k]) for k in ("kernel", "stride", "padding"))
-    one = (lambda v: str(v[0]) if v[0] == v[1] else str(v))
+
+    def one(v: tuple[int, ...]) -> str:
+        return str(v[0]) if v[0] == v[1] else str(v)
     if pad[0] * 2 > kernel[0] or pad[1] * 2 > kernel[1]:
         return tx.call(cx.helper("max_pool2d_padded"), a[0].text, one(kernel), one(stride),
                        str(pad))

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.torchexpr as tx
@@ -24,14 +25,14 @@ from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .broadcast import broadcast_to
 from .elementwise import exp, mul_scalar, neg
-from .registry import GRAD_ERROR, NO_GRAD, Stitch, define, public, record
+from .registry import GRAD_ERROR, NO_GRAD, InferFn, Stitch, define, public, record
 from .rules import normalize_axis, require_dtype
 from .shape import move_to_last, reshape, swap_axes
 
 MAX_INIT = -1e30  # the running max starts here (log-softmax, causal softmax)
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
@@ -53,7 +54,8 @@ def _tree(combine: str, team: int = w.WG) -> str:
   }}"""
 
 
-def _infer_last(op: str, keep: bool, out_dtype: DType = "f32", square: bool = False):
+def _infer_last(op: str, keep: bool, out_dtype: DType = "f32", square: bool = False
+                ) -> InferFn:
     def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         (a,) = inputs
         require_dtype(op, a, "f32")
@@ -367,7 +369,7 @@ def _emit_softmax_causal_grad(ctx: EmitContext) -> Kernel:
                       "out[base + j] = (in1[base + j] - t) * in0[base + j];")
 
 
-def _infer_row_grad(op: str):
+def _infer_row_grad(op: str) -> InferFn:
     def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         out, dy = inputs
         for what, node in (("out", out), ("dy", dy)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import prod
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.torchexpr as tx
@@ -24,7 +25,7 @@ from .rules import flip_triangle, is_int, normalize_axis, same_dtype, same_last_
 MAX_CONCAT_INPUTS = 7  # 7 inputs + 1 output = 8 storage buffers per kernel
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
@@ -336,9 +337,9 @@ def split(x: Tensor, sizes: Sequence[int] | int, axis: int = 0) -> list[Tensor]:
     axis = normalize_axis("split", axis, x.ndim)
     dim = x.shape[axis]
     if is_int(sizes):
-        if sizes <= 0:  # type: ignore[operator]
+        if sizes <= 0:
             raise ShapeError("split", f"split size must be a positive int, got {sizes}")
-        sizes = [min(sizes, dim - s) for s in range(0, dim, sizes)]  # type: ignore[arg-type]
+        sizes = [min(sizes, dim - s) for s in range(0, dim, sizes)]
     sizes = list(sizes)  # type: ignore[arg-type]
     if not sizes or any(not is_int(s) or s <= 0 for s in sizes) or \
             sum(sizes) != dim:

@@ -14,6 +14,7 @@ normalize and clip gradients. See :mod:`.optim_ops` for the whole picture.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.wgsl as w
@@ -28,7 +29,7 @@ NORMALIZE_EPS = 1e-8  # g / (||g|| + NORMALIZE_EPS)
 MAX_TOTAL_INPUTS = 7  # grad_norm_total inputs per node (8 storage bindings minus the output)
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.torchexpr as tx
@@ -65,7 +66,7 @@ def salt_constant(salt: int) -> int:
 
 # ---- NumPy twin of the hash ------------------------------------------------------------
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
@@ -124,7 +125,8 @@ def _emit_dropout(ctx: EmitContext) -> Kernel:
     return w.thread_kernel(ctx, body, prelude=HASH_WGSL)
 
 
-def _vjp_dropout(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs) -> list:
+def _vjp_dropout(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs
+                 ) -> list[Tensor | None]:
     return [record("dropout", [dy, ins[1]], p=at["p"], salt=at["salt"]), None]
 
 

@@ -7,6 +7,7 @@ snippets that index, mask and bound-check taps.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.wgsl as w
@@ -19,14 +20,14 @@ Pair = tuple[int, int]
 IntOrPair = int | Sequence[int]
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
 
 def _pair(op: str, name: str, v: IntOrPair) -> Pair:
     if is_int(v):
-        return (v, v)  # type: ignore[return-value]
+        return (v, v)
     if isinstance(v, Sequence) and len(v) == 2 and all(is_int(x) for x in v):
         return (v[0], v[1])
     raise ShapeError(op, f"{name} must be an int or a pair of ints (h, w), got {v!r}")
@@ -56,7 +57,7 @@ def _require_rank4(op: str, node: Node, what: str, layout: str) -> None:
 
 # ---- reference semantics (NumPy, any float dtype) ---------------------------------------
 
-def _windows(xp: Any, i: int, j: int, out_hw: Pair, stride: Pair) -> Any:
+def _windows(xp: Any, i: int, j: int, out_hw: Sequence[int], stride: Pair) -> Any:
     """The [.., Ho, Wo] view of padded `xp` read by kernel tap (i, j)."""
     (ho, wo), (sh, sw) = out_hw, stride
     return xp[..., i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]

@@ -56,7 +56,8 @@ ProgressCallback = Callable[[dict[str, Any]], Any]
 PostCallback = Callable[[Any], Any]
 
 # JS typed-array element formats → tensorgrad dtypes (what the worker's buffers hold).
-_DTYPE_OF_FORMAT = {"f": "f32", "i": "i32", "l": "i32", "I": "bool", "L": "bool"}
+_DTYPE_OF_FORMAT: dict[str, DType] = {"f": "f32", "i": "i32", "l": "i32", "I": "bool",
+                                      "L": "bool"}
 _FORMAT_OF_DTYPE = {"f32": "f", "i32": "i", "bool": "I"}
 
 
@@ -124,7 +125,7 @@ def _decls(inputs: Mapping[str, Any] | None) -> dict[str, tuple[Any, str]]:
     return out
 
 
-def _typed_array(what: str, value: Any, dtype: DType, shape: Any = None,
+def _typed_array(what: str, value: Any, dtype: str, shape: Any = None,
                  param: bool = False) -> Any:
     """`value` as a fresh JS typed array (a JsProxy typed array passes through). Data that
     carries a shape is checked against the declared `shape` first (the shape rule of
