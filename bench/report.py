@@ -133,13 +133,14 @@ def slowest_dispatches(exe: Any, times_ms: list[float], top: int = 12
                        ) -> list[dict[str, Any]]:
     """The `top` slowest dispatches of one step: ms, op label, output and input shapes, and
     for a fused kernel its program (dispatch k runs the k-th node that has a kernel)."""
+    from tensorgrad.ops import OPS
     from tensorgrad.runtime import dispatch_label
 
     graph = exe.graph
     nodes = [n for n, k in zip(graph.nodes, exe.kernels) if k.threads > 0]
     rows = []
     for ms, node in sorted(zip(times_ms, nodes), key=lambda t: -t[0])[:top]:
-        row = {"ms": round(ms, 4), "op": dispatch_label(node), "shape": list(node.shape),
+        row = {"ms": round(ms, 4), "op": dispatch_label(node, OPS), "shape": list(node.shape),
                "inputs": [list(graph[i].shape) for i in node.inputs]}
         if node.op == "fused":
             row["program"] = repr(node.attrs["program"])[:160]

@@ -5,6 +5,8 @@ Write a model against the op set (`tg.matmul`, `tg.relu`, ... and layers such as
 and `await train.step(**data)`. See the README for a complete example.
 """
 
+from types import ModuleType
+
 from . import init, lr, ops, optim
 from .api import Forward, Training, compile, compile_forward, default_device
 from .compiler import trace, trace_forward
@@ -45,7 +47,7 @@ __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> ModuleType:
     """`tg.export` is imported on first use: a compile does not need it, and its import is a
     sizeable part of tensorgrad's start-up in the browser (Pyodide)."""
     if name == "export":

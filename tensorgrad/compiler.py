@@ -23,11 +23,13 @@ from .codegen.kernel import Kernel, Target, emit_graph
 from .errors import ShapeError, TraceError
 from .gpu.interface import DeviceLimits, GPUDevice
 from .init import ParamSpec
-from .ir import Graph
+from .ir import DType, Graph
 from .module import Module
+from .ops.index import input_index_bounds
 from .ops.registry import OPS
 from .optim import OptimizerConfig, OptimizerPlan, Writeback, append_optimizer
 from .passes import PASSES, Phase
+from .pipelines import pipeline_cache
 from .plan import BufferPlan, plan_buffers
 from .runtime import (
     Executable,
@@ -35,11 +37,10 @@ from .runtime import (
     build_executable,
     dispatches,
     kernel_sources,
-    pipeline_cache,
     shared_param_buffers,
 )
 from .tensor import Tensor
-from .trace import InputDecl, check_seed, trace_graph
+from .trace import InputDecl, InputSpec, check_seed, trace_graph
 
 __all__ = ["STAGES", "Compilation", "Options", "Request", "Stage", "compile_graph", "trace",
            "trace_forward"]
@@ -59,10 +60,10 @@ class Request:
     kind: Kind
     model: Module
     fn: Callable[..., Tensor]
-    inputs: Mapping[str, Any]
+    inputs: Mapping[str, InputSpec]
     optimizer: OptimizerConfig | None = None
     seed: int | None = None
-    output: str | None = None
+    output: DType | None = None
 
 
 @dataclass
@@ -261,16 +262,17 @@ def _build(c: Compilation, o: Options) -> None:
     # The pipelines compile (in the background where the device can) while the params are
     # initialised: pure Python, ~0.4 s for the addition transformer's 150k in Pyodide.
     cache = pipeline_cache(o.device)
-    acquiring = cache.start(kernel_sources(dispatches(c.graph, c.kernels)))
+    acquiring = cache.start(kernel_sources(dispatches(c.graph, c.kernels, OPS)))
     store = o.store
     try:
         if store is None:
             layout = c.optimizer.layout if c.optimizer is not None else None
             store = ParamStore(o.device, c.params, c.seed, layout)
         c.executable = build_executable(o.device, c.graph, c.plan, c.kernels, c.output,
-                                        cache, o.chunk_size,
+                                        cache, o.chunk_size, OPS,
                                         shared_param_buffers(c.graph, c.plan, store),
                                         status_id=c.optimizer.status if c.optimizer else None,
+                                        index_bounds=input_index_bounds(c.graph),
                                         acquiring=acquiring, upgrade=upgrade)
     except BaseException:
         cache.abandon(acquiring)
@@ -314,7 +316,7 @@ def compile_graph(request: Request, options: Options, until: str = "build") -> C
 
 # ---- IR-only entry points --------------------------------------------------------------------
 
-def trace(model: Module, loss: Callable[..., Tensor], inputs: Mapping[str, Any],
+def trace(model: Module, loss: Callable[..., Tensor], inputs: Mapping[str, InputSpec],
           seed: int | None = None) -> Compilation:
     """Trace `loss(model, **inputs)` and derive its gradients: the forward + backward graph
     after dead-code elimination, before the optimizer (no device needed).
@@ -327,7 +329,7 @@ def trace(model: Module, loss: Callable[..., Tensor], inputs: Mapping[str, Any],
 
 
 def trace_forward(model: Module, forward: Callable[..., Tensor],
-                  inputs: Mapping[str, Any]) -> Compilation:
+                  inputs: Mapping[str, InputSpec]) -> Compilation:
     """Trace `forward(model, **inputs)` after dead-code elimination (no device needed).
 
     Input dims must be concrete: this traces one shape. For inputs of any size at run time,

@@ -23,6 +23,7 @@ import os
 import sys
 import sysconfig
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 __all__ = ["ERRORS", "AbortError", "DeviceLimitError", "DeviceLostError", "MainThreadError",
@@ -49,9 +50,9 @@ def _runtime_dirs() -> tuple[str, ...]:
     installed, and of this package."""
     dirs = [_PACKAGE_DIR]
     for name in ("pyodide", "_pyodide", "micropip"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            dirs.append(os.path.dirname(os.path.abspath(module.__file__)))
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(os.path.abspath(path)))
     return tuple(d + os.sep for d in dirs)
 
 
@@ -94,7 +95,7 @@ def _user_frames(frames: list[Any]) -> list[Any]:
 
 def user_call_site(limit: int = 3) -> str:
     """The innermost frames outside the tensorgrad package, as 'file:line in func' lines."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     lines: list[str] = []
     while frame is not None and len(lines) < limit:
         filename = os.path.abspath(frame.f_code.co_filename)

@@ -42,7 +42,7 @@ class single_flight(Generic[T]):  # lower case: used like a function (a decorato
         self._fn = fn
         self._busy = False
         self._queued: asyncio.Future[bool] | None = None
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     @property
     def busy(self) -> bool:

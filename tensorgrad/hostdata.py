@@ -10,17 +10,39 @@ multi-dimensional memoryview, a nested list, any object with a ``.shape``) must 
 declared shape exactly; flat data (1-D arrays and buffers, flat lists, bytes) of the right
 size is read in row-major order; a single value fits a one-element shape. So a transposed
 array of the right size is an error, never silently misread.
+
+I32 data that indexes a one-hot or a row gather is checked against what each use allows
+(:class:`IndexBound`, :func:`first_rejected`); the compiler finds the uses
+(:func:`tensorgrad.ops.index.input_index_bounds`) and the runtime checks each step's data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from math import prod
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast
 
 from .errors import ShapeError
 
-_FORMATS = {"f32": ("f", "float32"), "i32": ("i", "int32"), "bool": ("I", "uint32")}
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from numpy.typing import NDArray
+    from typing_extensions import Buffer
+
+    from .ir import DType
+
+    # Host data for one tensor, as step, run and upload_params take it: a numpy array, any
+    # other buffer (array.array, memoryview, bytes) or a (nested) list or tuple of numbers,
+    # in the declared shape or flat in row-major order (see the module docstring).
+    HostData: TypeAlias = Buffer | Sequence[Any]
+    # What a read gives back for one tensor: a numpy array when numpy imports, else a
+    # memoryview cast to the tensor's shape.
+    HostArray: TypeAlias = NDArray[Any] | memoryview[Any]
+
+_FORMATS: dict[str, tuple[Literal["f", "i", "I"], str]] = {
+    "f32": ("f", "float32"), "i32": ("i", "int32"), "bool": ("I", "uint32")}
 _RANGES = {"f32": "-3.4e38..3.4e38", "i32": "-2147483648..2147483647", "bool": "0..4294967295"}
 _NUMPY: Any = None
 
@@ -37,11 +59,12 @@ def numpy_or_none() -> Any:
     return _NUMPY or None
 
 
-def _is_int(d: Any) -> bool:
+def _is_int(d: object) -> TypeGuard[int]:
     return isinstance(d, int) and not isinstance(d, bool)
 
 
-def _nested(what: str, value: list | tuple) -> tuple[tuple[int, ...], list[Any]]:
+def _nested(what: str, value: list[Any] | tuple[Any, ...]
+            ) -> tuple[tuple[int, ...], list[Any]]:
     """The shape and the flat items of a (possibly nested) list: at each depth every item
     must be a list of one length, or every item a number (ShapeError otherwise)."""
     shape: list[int] = []
@@ -57,9 +80,9 @@ def _nested(what: str, value: list | tuple) -> tuple[tuple[int, ...], list[Any]]
                                  "be rectangular")
         shape.append(width)
         level = [v for row in level for v in row]
-    k = next((k for k, v in enumerate(level) if isinstance(v, (list, tuple))), None)
-    if k is not None:
-        raise ShapeError(what, f"a ragged nested list: at depth {len(shape)}, item {k} is a "
+    bad = next((k for k, v in enumerate(level) if isinstance(v, (list, tuple))), None)
+    if bad is not None:
+        raise ShapeError(what, f"a ragged nested list: at depth {len(shape)}, item {bad} is a "
                          "list where item 0 is a number; nested lists must be rectangular")
     return tuple(shape), level
 
@@ -91,7 +114,7 @@ def check_layout(what: str, carried: Sequence[int] | None, shape: Sequence[int |
     if carried is None or len(carried) <= 1:
         return
     carried = tuple(carried)
-    if prod(carried) == 1 and None not in shape and prod(shape) == 1:
+    if prod(carried) == 1 and None not in shape and prod(shape) == 1:  # type: ignore[arg-type]
         return
     if len(carried) == len(shape) and all(d is None or d == c for d, c in zip(shape, carried)):
         return
@@ -105,7 +128,7 @@ def check_layout(what: str, carried: Sequence[int] | None, shape: Sequence[int |
                      f"pass data of shape {want} (or flat data in that row-major order)")
 
 
-def flat_list(what: str, value: list | tuple, shape: Sequence[int | None],
+def flat_list(what: str, value: list[Any] | tuple[Any, ...], shape: Sequence[int | None],
               param: bool = False) -> list[Any]:
     """The items of a (nested) list, its shape checked by :func:`check_layout` when its
     element count fits `shape` (a wrong count is the caller's size error)."""
@@ -165,7 +188,32 @@ def list_array(what: str, items: list[Any], fmt: str, dtype: str, count: int) ->
         raise ShapeError(what, f"expected {count} {dtype} numbers, got {e}") from None
 
 
-def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str,
+def _numpy_bytes(what: str, value: Any, shape: Sequence[int], dtype: DType,
+                 param: bool) -> memoryview:
+    """:func:`to_bytes` of a numpy array: its dtype converted where the kind fits."""
+    np = numpy_or_none()
+    np_name = _FORMATS[dtype][1]
+    count = prod(shape)
+    if value.dtype != np.dtype(np_name):
+        kind = value.dtype.kind
+        ok = (dtype == "f32" and kind == "f") or (dtype in ("i32", "bool") and kind in "iub")
+        if not ok:
+            raise ShapeError(what, f"expected {dtype} data, got a numpy array of "
+                             f"{value.dtype}")
+        if dtype == "i32" and kind in "iu" and value.size:
+            lo, hi = int(value.min()), int(value.max())
+            if lo < -2**31 or hi >= 2**31:
+                raise ShapeError(what, f"a {value.dtype} array with values {lo}..{hi} "
+                                 "does not fit i32 (-2147483648..2147483647)")
+        value = value.astype(np_name)
+    if value.size != count:
+        raise ShapeError(what, f"expected {count} elements (shape {list(shape)}), got "
+                         f"{value.size} (shape {list(value.shape)})")
+    check_layout(what, value.shape, shape, param)
+    return memoryview(np.ascontiguousarray(value)).cast("B")
+
+
+def to_bytes(what: str, value: HostData, shape: Sequence[int], dtype: DType,
              param: bool = False) -> memoryview:
     """Validate host data for a tensor of `shape`/`dtype` and view it as raw bytes.
 
@@ -174,32 +222,16 @@ def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str,
     :func:`check_layout`: data carrying 2 or more dims must have `shape` exactly, flat data of
     the right size passes. `param`: `value` is a weight (the transpose hint names PyTorch's
     Linear layout)."""
-    fmt, np_name = _FORMATS[dtype]
+    fmt = _FORMATS[dtype][0]
     count = prod(shape)
     np = numpy_or_none()
     if np is not None and isinstance(value, np.ndarray):
-        if value.dtype != np.dtype(np_name):
-            kind = value.dtype.kind
-            ok = (dtype == "f32" and kind == "f") or (dtype in ("i32", "bool") and kind in "iub")
-            if not ok:
-                raise ShapeError(what, f"expected {dtype} data, got a numpy array of "
-                                 f"{value.dtype}")
-            if dtype == "i32" and kind in "iu" and value.size:
-                lo, hi = int(value.min()), int(value.max())
-                if lo < -2**31 or hi >= 2**31:
-                    raise ShapeError(what, f"a {value.dtype} array with values {lo}..{hi} "
-                                     "does not fit i32 (-2147483648..2147483647)")
-            value = value.astype(np_name)
-        if value.size != count:
-            raise ShapeError(what, f"expected {count} elements (shape {list(shape)}), got "
-                             f"{value.size} (shape {list(value.shape)})")
-        check_layout(what, value.shape, shape, param)
-        return memoryview(np.ascontiguousarray(value)).cast("B")
+        return _numpy_bytes(what, value, shape, dtype, param)
     if isinstance(value, (list, tuple)):
         value = list_array(what, flat_list(what, value, shape, param), fmt, dtype, count)
     carried = carried_shape(value)
     try:
-        view = memoryview(value)
+        view = memoryview(cast("Buffer", value))
     except TypeError:
         raise ShapeError(what, f"expected a numpy array or a buffer of {dtype}, got "
                          f"{type(value).__name__}") from None
@@ -217,7 +249,7 @@ def to_bytes(what: str, value: Any, shape: Sequence[int], dtype: str,
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def from_bytes(data: Any, shape: Sequence[int], dtype: str) -> Any:
+def from_bytes(data: bytes | memoryview, shape: Sequence[int], dtype: DType) -> HostArray:
     """Host array for raw bytes: numpy when available, else a memoryview cast to `shape`."""
     fmt, np_name = _FORMATS[dtype]
     count = prod(shape)
@@ -230,6 +262,57 @@ def from_bytes(data: Any, shape: Sequence[int], dtype: str) -> Any:
     return view.cast("B").cast(fmt, list(shape)) if len(shape) != 1 else view  # 0-d too
 
 
-def scalar_bytes(value: float, dtype: str) -> bytes:
+def scalar_bytes(value: float, dtype: DType) -> bytes:
     import struct
     return struct.pack("<f" if dtype == "f32" else "<i", value)
+
+
+# ---- index checks: i32 host data that indexes a one-hot or a row gather -----------------
+
+@dataclass(frozen=True)
+class IndexBound:
+    """What one op reading i32 indices allows them to hold: 0..bound - 1, and `sentinel`
+    (None: no such value) that the op gives a meaning of its own (a one-hot's ignore_index:
+    a zero row on purpose). `what`: the op and its user line, for messages."""
+
+    bound: int
+    what: str
+    sentinel: int | None = None
+
+    def allows(self, value: int) -> bool:
+        return 0 <= value < self.bound or value == self.sentinel
+
+    def expected(self) -> str:
+        """The allowed values in words: '0..4', or '0..4 or -100' with a sentinel."""
+        extra = self.sentinel is not None and not 0 <= self.sentinel < self.bound
+        return f"0..{self.bound - 1}" + (f" or {self.sentinel}" if extra else "")
+
+
+def first_rejected(values: Sequence[int], uses: Sequence[IndexBound]
+                   ) -> tuple[int, int, IndexBound] | None:
+    """(flat index, value, the use that rejects it) for the first of `values` that one of
+    `uses` does not allow; None when all are allowed. One pass over the values when all lie
+    in 0..bound - 1 of every use, else one over their distinct values first."""
+    if not values or (0 <= min(values) and max(values) < min(u.bound for u in uses)):
+        return None
+    rejecting: dict[int, IndexBound] = {}
+    for v in set(values):
+        use = next((u for u in uses if not u.allows(v)), None)
+        if use is not None:
+            rejecting[v] = use
+    if not rejecting:
+        return None
+    k, v = next((k, v) for k, v in enumerate(values) if v in rejecting)
+    return k, v, rejecting[v]
+
+
+def sentinel_only(values: Sequence[int], uses: Sequence[IndexBound]) -> IndexBound | None:
+    """The use whose sentinel every one of `values` is (all of cross_entropy's targets
+    ignored), or None."""
+    if not values:
+        return None
+    first = values[0]
+    use = next((u for u in uses if u.sentinel is not None and u.sentinel == first), None)
+    if use is None or min(values) != first or max(values) != first:
+        return None
+    return use

@@ -23,6 +23,7 @@ from math import prod
 from typing import Any
 
 from .errors import ShapeError
+from .ir import DType
 
 __all__ = [
     "InitSpec",
@@ -108,7 +109,7 @@ class ParamSpec:
 
     name: str
     shape: tuple[int, ...]
-    dtype: str = "f32"
+    dtype: DType = "f32"
     init: InitSpec = DEFAULT
     decay: bool = True
     fan_in: int = 1
@@ -142,7 +143,7 @@ def ones() -> Ones:
 def literal(values: Iterable[float]) -> Literal:
     """Init from given values (any flat iterable or array; nested lists are flattened)."""
     if hasattr(values, "tolist"):  # numpy arrays, without importing numpy
-        values = values.tolist()  # type: ignore[union-attr]
+        values = values.tolist()
     return Literal(tuple(float(v) for v in _flatten(values)))
 
 
@@ -171,7 +172,7 @@ def default_fan_in(shape: Sequence[int]) -> int:
     return int(prod(shape[1:]))
 
 
-def check_spec(spec: Any, shape: Sequence[int], dtype: str, name: str = "param",
+def check_spec(spec: Any, shape: Sequence[int], dtype: DType, name: str = "param",
                fan_in: int | None = None) -> None:
     """Raise ShapeError if `spec` cannot initialize a param of `shape`/`dtype`, or would make
     a value that is not a finite f32 (or, for i32, not an i32); `name` names the param."""
@@ -192,7 +193,7 @@ def check_spec(spec: Any, shape: Sequence[int], dtype: str, name: str = "param",
                                           if dtype == "f32" else ""))
 
 
-def _nonfinite_problem(spec: InitSpec, dtype: str, fan_in: int | None) -> str:
+def _nonfinite_problem(spec: InitSpec, dtype: DType, fan_in: int | None) -> str:
     """Why `spec` would make a value that is not a finite f32 (or an i32), or ""."""
     if isinstance(spec, Literal):
         for k, v in enumerate(spec.values):
@@ -280,7 +281,7 @@ class Mulberry32:
         self.state = t0
         return out
 
-    def normals(self, n: int, std: float) -> array:
+    def normals(self, n: int, std: float) -> array[float]:
         """`n` Box–Muller samples times `std`, as f32 (two uniforms per sample)."""
         np = _numpy()
         u = self.uniforms(2 * n)
@@ -312,7 +313,7 @@ def random_seed() -> int:
 
 
 def generate(spec: InitSpec, shape: Sequence[int], rng: Mulberry32, *, fan_in: int | None = None,
-             dtype: str = "f32", name: str = "param") -> array:
+             dtype: DType = "f32", name: str = "param") -> array[Any]:
     """Initial values of one param (flat, row-major), drawing from `rng` as the spec needs."""
     fan = default_fan_in(shape) if fan_in is None else fan_in
     check_spec(spec, shape, dtype, f"param '{name}'" if name != "param" else name, fan)
@@ -334,7 +335,7 @@ def generate(spec: InitSpec, shape: Sequence[int], rng: Mulberry32, *, fan_in: i
 
 
 def init_params(specs: Mapping[str, ParamSpec] | Iterable[ParamSpec], seed: int
-                ) -> dict[str, array]:
+                ) -> dict[str, array[Any]]:
     """Initial values for every param, in order, from one Mulberry32(seed) stream.
 
     `specs`: ParamSpecs (e.g. `model.named_params()` or a trace's `params`). Returns

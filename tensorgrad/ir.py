@@ -11,9 +11,13 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Any, Literal
 
-Dtype = Literal["f32", "i32", "bool"]
+# The element types of tensors: 4 bytes each (bool is stored as a u32).
+DType = Literal["f32", "i32", "bool"]
 Shape = tuple[int, ...]
-DTYPES: tuple[str, ...] = ("f32", "i32", "bool")
+DTYPES: tuple[DType, ...] = ("f32", "i32", "bool")
+# An op's static arguments: ints, floats, strings, tuples of them, and for a `fused` node its
+# FusedProgram (each op documents its own).
+Attrs = dict[str, Any]
 LEAF_OPS = frozenset({"param", "input", "state"})
 
 
@@ -24,9 +28,9 @@ class Node:
     id: int
     op: str
     inputs: tuple[int, ...]
-    attrs: dict[str, Any]
+    attrs: Attrs
     shape: Shape
-    dtype: str
+    dtype: DType
     site: str = ""
 
     @property
@@ -61,8 +65,8 @@ class Graph:
     outputs: list[int] = field(default_factory=list)
     captures: dict[str, int] = field(default_factory=dict)
 
-    def add(self, op: str, inputs: tuple[int, ...], attrs: dict[str, Any], shape: Shape,
-            dtype: str, site: str = "") -> Node:
+    def add(self, op: str, inputs: tuple[int, ...], attrs: Attrs, shape: Shape,
+            dtype: DType, site: str = "") -> Node:
         node = Node(len(self.nodes), op, tuple(inputs), dict(attrs), tuple(shape), dtype, site)
         self.nodes.append(node)
         return node

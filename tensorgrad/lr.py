@@ -190,7 +190,7 @@ Schedule = Constant | Linear | CosineAnnealing | Warmup | Staircase | MultiStep
 """Any of the schedule classes."""
 LR = float | Schedule
 """A learning rate: a number (constant) or a schedule."""
-SCHEDULES: dict[str, type] = {c.kind: c for c in  # type: ignore[attr-defined]
+SCHEDULES: dict[str, type] = {c.kind: c for c in
                               (Constant, Linear, CosineAnnealing, Warmup, Staircase, MultiStep)}
 
 

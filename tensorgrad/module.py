@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from . import init as _init
 from .errors import ShapeError, TraceError, user_call_site
 from .init import ParamSpec
+from .ir import DType
 from .tensor import Tensor, is_tracing, leaf
 
 __all__ = ["Module", "Param", "ParamSpec", "materialize"]
@@ -39,7 +40,7 @@ class Param:
     trace is an error."""
 
     shape: tuple[int, ...]
-    dtype: str
+    dtype: DType
     init: _init.InitSpec
     decay: bool
     fan_in: int
@@ -62,9 +63,12 @@ class Module:
     (no `super().__init__()` needed) and compute in `forward`; `layer(x)` calls `forward`."""
 
     def param(self, shape: Sequence[int], init: _init.InitSpec | None = None,
-              decay: bool | None = None, dtype: str = "f32",
-              fan_in: int | None = None) -> Param:
+              decay: bool | None = None, dtype: DType = "f32",
+              fan_in: int | None = None) -> Tensor:
         """Declare a param (call in `__init__`, assign the result to an attribute).
+
+        It returns a :class:`Param` placeholder, typed as the Tensor it becomes: `forward`
+        only ever sees it as one (on the traced clone of the module).
 
         init: an init spec (default `init.randn(0.02)`); decay: weight decay flag (default:
         on unless init is zeros/ones); fan_in: for `init.kaiming` (default
@@ -96,8 +100,9 @@ class Module:
         elif isinstance(fan_in, bool) or not isinstance(fan_in, int) or fan_in <= 0:
             raise ShapeError(op, f"fan_in must be a positive int, got {fan_in!r}")
         _init.check_spec(spec, shape, dtype, op, fan_in)
-        return Param(shape, dtype, spec, _init.default_decay(spec) if decay is None else decay,
-                     fan_in)
+        placeholder = Param(shape, dtype, spec,
+                            _init.default_decay(spec) if decay is None else decay, fan_in)
+        return cast(Tensor, placeholder)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The computation: subclasses define it (``layer(x)`` calls it). It runs only while

@@ -12,9 +12,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import init as _init
-from . import ops
 from .errors import ShapeError
 from .module import Module
+from .ops.conv import conv2d
+from .ops.index import embedding
+from .ops.linalg import matmul
+from .ops.norm import layer_norm, rms_norm
+from .ops.shape import reshape
 from .tensor import Tensor
 
 __all__ = ["Conv2d", "Embedding", "LayerNorm", "Linear", "RMSNorm"]
@@ -32,7 +36,7 @@ def _pair(layer: str, what: str, value: int | Sequence[int], minimum: int) -> tu
                              for v in pair):
         raise ShapeError(layer, f"{what} must be an int ≥ {minimum} or a pair of them, "
                          f"got {value!r}")
-    return pair  # type: ignore[return-value]
+    return pair
 
 
 class Linear(Module):
@@ -50,7 +54,7 @@ class Linear(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x @ W + b`` (``x @ W`` without a bias)."""
-        y = ops.matmul(x, self.W)
+        y = matmul(x, self.W)
         return y if self.b is None else y + self.b
 
 
@@ -67,7 +71,7 @@ class LayerNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``tg.layer_norm(x, g, b, eps)`` over the last axis."""
-        return ops.layer_norm(x, self.g, self.b, self.eps)
+        return layer_norm(x, self.g, self.b, self.eps)
 
 
 class RMSNorm(Module):
@@ -80,7 +84,7 @@ class RMSNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``tg.rms_norm(x, g, eps)`` over the last axis."""
-        return ops.rms_norm(x, self.g, self.eps)
+        return rms_norm(x, self.g, self.eps)
 
 
 class Embedding(Module):
@@ -96,7 +100,7 @@ class Embedding(Module):
 
     def forward(self, idx: Tensor) -> Tensor:
         """The rows of W that the i32 `idx` picks: ``[...]`` → ``[..., dim]``."""
-        return ops.embedding(self.W, idx)
+        return embedding(self.W, idx)
 
 
 class Conv2d(Module):
@@ -126,7 +130,7 @@ class Conv2d(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``tg.conv2d(x, W, stride, padding, groups)`` plus the bias per channel."""
-        y = ops.conv2d(x, self.W, stride=self.stride, padding=self.padding, groups=self.groups)
+        y = conv2d(x, self.W, stride=self.stride, padding=self.padding, groups=self.groups)
         if self.b is None:
             return y
-        return y + ops.reshape(self.b, (1, self.out_channels, 1, 1))
+        return y + reshape(self.b, (1, self.out_channels, 1, 1))

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from .errors import DeviceLimitError, PlanError
 from .gpu.interface import DeviceLimits
-from .ir import LEAF_OPS, Graph, Node, Shape
+from .ir import LEAF_OPS, DType, Graph, Node, Shape
 
 BUFFER_KINDS = ("param", "param_grad", "input", "state", "intermediate", "output", "capture",
                 "param_arena", "grad_arena", "arena")
@@ -39,7 +39,7 @@ class BufferSpec:
     id: int
     kind: str
     size: int
-    dtype: str
+    dtype: DType
     shape: Shape
     nodes: tuple[int, ...]
     name: str = ""
@@ -218,19 +218,14 @@ def _arena_kind(graph: Graph, pack: Node, grads: set[int]) -> str:
     return "grad_arena" if first.id in grads else "arena"
 
 
-def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
-                 writebacks: Iterable[Sequence] = (),
-                 limits: DeviceLimits | None = None, reuse: bool = True,
-                 layout_ops: Mapping[str, LayoutOp] | None = None) -> BufferPlan:
-    """Plan the buffers of `graph`. `grads` maps param names to gradient node ids;
-    `writebacks` holds ``(source node id, dest leaf name, 'param' | 'state')`` or
-    ``(source node id, dest node id, 'node', byte offset)``. `reuse=False` gives every
-    intermediate its own buffer (for debugging and tests). `layout_ops` (op name → op, the
-    op table's views and packs) lets views share their input's buffer and packs hold their
-    inputs, with no kernel: the plan's `views` and `packed`."""
-    grads = dict(grads or {})
-    layout_ops = dict(layout_ops or {})
-    writebacks = [tuple(wb) for wb in writebacks]
+# A writeback as the optimizer gives it: ``(source node id, dest leaf name, 'param' |
+# 'state')`` or ``(source node id, dest node id, 'node', byte offset)``.
+WritebackArg = Sequence[int | str]
+
+
+def _check_args(graph: Graph, grads: Mapping[str, int],
+                writebacks: Sequence[tuple[int | str, ...]]) -> None:
+    """PlanError for a gradient or writeback source that is not a node of `graph`."""
     for name, gid in grads.items():
         if not isinstance(gid, int) or not 0 <= gid < len(graph.nodes):
             raise PlanError(f"gradient of '{name}' is not a node of the graph: {gid!r}")
@@ -240,43 +235,54 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
             raise PlanError(f"writeback {wb!r}: expected (source node id, dest name, kind) "
                             "with a source node of the graph")
 
-    grad_of = {gid: name for name, gid in grads.items()}
-    output_ids = set(graph.outputs)
-    capture_of = {nid: name for name, nid in graph.captures.items()}
-    sources = {wb[0] for wb in writebacks}
-    special = {*grad_of, *output_ids, *capture_of, *sources}
-    views = _views(graph, layout_ops, special)
-    placed = _placements(graph, layout_ops, views)
-    packs = {p for p, _ in placed.values()}
-    check_limits(graph, limits or DeviceLimits(), no_kernel={*views, *packs})
-    last = _extend_lifetimes(_last_use(graph), views)
 
-    sizes: list[int] = []
-    kinds: list[str] = []
-    names: list[str] = []
-    pooled: list[bool] = []
-    occupants: list[list[int]] = []
-    node_buffer = [-1] * len(graph.nodes)
-    node_offset = [0] * len(graph.nodes)
-    arena_of: dict[int, int] = {}  # pack node -> its buffer
-    free: list[int] = []
+class _Planner:
+    """The buffers of one graph as they are assigned, node by node in graph order (see the
+    module docstring): dedicated buffers for the special nodes, arenas for packs and what
+    they hold, the pooled intermediates reused by liveness."""
 
-    def new_buffer(kind: str, name: str, is_pooled: bool) -> int:
-        sizes.append(0)
-        kinds.append(kind)
-        names.append(name)
-        pooled.append(is_pooled)
-        occupants.append([])
-        return len(sizes) - 1
+    def __init__(self, graph: Graph, grads: Mapping[str, int], writebacks: Iterable[
+            tuple[int | str, ...]], layout_ops: Mapping[str, LayoutOp], limits: DeviceLimits,
+            reuse: bool) -> None:
+        self.graph, self.reuse = graph, reuse
+        self.grad_of = {gid: name for name, gid in grads.items()}
+        self.output_ids = set(graph.outputs)
+        self.capture_of = {nid: name for name, nid in graph.captures.items()}
+        self.sources = {int(wb[0]) for wb in writebacks}
+        special = {*self.grad_of, *self.output_ids, *self.capture_of, *self.sources}
+        self.views = _views(graph, layout_ops, special)
+        self.placed = _placements(graph, layout_ops, self.views)
+        self.packs = {p for p, _ in self.placed.values()}
+        check_limits(graph, limits, no_kernel={*self.views, *self.packs})
+        self.last = _extend_lifetimes(_last_use(graph), self.views)
+        self.sizes: list[int] = []
+        self.kinds: list[str] = []
+        self.names: list[str] = []
+        self.pooled: list[bool] = []
+        self.occupants: list[list[int]] = []
+        self.node_buffer = [-1] * len(graph.nodes)
+        self.node_offset = [0] * len(graph.nodes)
+        self.arena_of: dict[int, int] = {}  # pack node -> its buffer
+        self.free: list[int] = []
 
-    def arena(pack: int) -> int:
-        if pack not in arena_of:
-            kind = _arena_kind(graph, graph[pack], set(grad_of))
-            arena_of[pack] = new_buffer(kind, "params" if kind == "param_arena" else "", False)
-            sizes[arena_of[pack]] = max(4, graph[pack].nbytes)
-        return arena_of[pack]
+    def new_buffer(self, kind: str, name: str, is_pooled: bool) -> int:
+        self.sizes.append(0)
+        self.kinds.append(kind)
+        self.names.append(name)
+        self.pooled.append(is_pooled)
+        self.occupants.append([])
+        return len(self.sizes) - 1
 
-    def take_free(need: int) -> int | None:
+    def arena(self, pack: int) -> int:
+        if pack not in self.arena_of:
+            kind = _arena_kind(self.graph, self.graph[pack], set(self.grad_of))
+            buf = self.new_buffer(kind, "params" if kind == "param_arena" else "", False)
+            self.arena_of[pack] = buf
+            self.sizes[buf] = max(4, self.graph[pack].nbytes)
+        return self.arena_of[pack]
+
+    def take_free(self, need: int) -> int | None:
+        sizes, free = self.sizes, self.free
         fits = [b for b in free if sizes[b] >= need]
         if fits:
             best = min(fits, key=lambda b: (sizes[b], b))
@@ -287,65 +293,96 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
         free.remove(best)
         return best
 
-    for node in graph.nodes:
-        need = max(4, node.nbytes)
-        if node.id in views:  # its source's buffer, which lives as long as the view
-            src, offset = views[node.id]
-            node_buffer[node.id] = node_buffer[src]
-            node_offset[node.id] = node_offset[src] + offset
-            continue
-        if node.id in placed:  # in its pack's buffer, at its offset
-            pack, offset = placed[node.id]
-            buf, node_offset[node.id] = arena(pack), offset
-        elif node.id in packs:
-            buf = arena(node.id)
-        elif node.op in LEAF_OPS:
-            buf = new_buffer(_LEAF_KIND[node.op], node.attrs["name"], False)
-        elif node.id in grad_of:
-            buf = new_buffer("param_grad", grad_of[node.id], False)
-        elif node.id in output_ids:
-            buf = new_buffer("output", "", False)
-        elif node.id in capture_of:
-            buf = new_buffer("capture", capture_of[node.id], False)
-        elif node.id in sources:
-            buf = new_buffer("intermediate", "", False)
-        else:
-            taken = take_free(need) if reuse else None
-            buf = taken if taken is not None else new_buffer("intermediate", "", True)
-        sizes[buf] = max(sizes[buf], node_offset[node.id] + need)
-        occupants[buf].append(node.id)
-        node_buffer[node.id] = buf
-        # Release after allocating, so the output never shares a buffer with an input.
-        for i in dict.fromkeys(views.get(i, (i, 0))[0] for i in node.inputs):
-            if pooled[node_buffer[i]] and last[i] == node.id:
-                free.append(node_buffer[i])
-        if pooled[buf] and last[node.id] < 0:
-            free.append(buf)
+    def buffer_for(self, node: Node) -> int:
+        """The buffer node's output goes to (its offset set where it is not 0)."""
+        if node.id in self.placed:  # in its pack's buffer, at its offset
+            pack, offset = self.placed[node.id]
+            self.node_offset[node.id] = offset
+            return self.arena(pack)
+        if node.id in self.packs:
+            return self.arena(node.id)
+        if node.op in LEAF_OPS:
+            return self.new_buffer(_LEAF_KIND[node.op], node.attrs["name"], False)
+        if node.id in self.grad_of:
+            return self.new_buffer("param_grad", self.grad_of[node.id], False)
+        if node.id in self.output_ids:
+            return self.new_buffer("output", "", False)
+        if node.id in self.capture_of:
+            return self.new_buffer("capture", self.capture_of[node.id], False)
+        if node.id in self.sources:
+            return self.new_buffer("intermediate", "", False)
+        taken = self.take_free(max(4, node.nbytes)) if self.reuse else None
+        return taken if taken is not None else self.new_buffer("intermediate", "", True)
 
-    buffers = [BufferSpec(b, kinds[b], sizes[b], graph[occ[0]].dtype, graph[occ[0]].shape,
-                          tuple(occ), names[b],
-                          float(graph[occ[0]].attrs.get("init", 0.0)) if kinds[b] == "state"
-                          else 0.0, pooled[b])
-               for b, occ in enumerate(occupants)]
-    plan = BufferPlan(
-        buffers, node_buffer,
-        params={n: node_buffer[x.id] for n, x in graph.params.items()},
-        inputs={n: node_buffer[x.id] for n, x in graph.inputs.items()},
-        states={n: node_buffer[x.id] for n, x in graph.states.items()},
-        param_grads={n: node_buffer[g] for n, g in grads.items()},
-        outputs=[node_buffer[i] for i in graph.outputs],
-        captures={n: node_buffer[i] for n, i in graph.captures.items()},
-        views={v: src for v, (src, _) in views.items()}, packed=frozenset(packs),
-        node_offset=node_offset, peak_bytes=sum(sizes),
-        unpooled_bytes=sum(max(4, n.nbytes) for n in graph.nodes
-                           if n.id not in views and n.id not in placed))
-    plan.writebacks = [_resolve_writeback(graph, plan, wb) for wb in writebacks]
+    def place(self, node: Node) -> None:
+        """Assign node's buffer, then release the pooled inputs it reads last (after
+        allocating, so the output never shares a buffer with an input)."""
+        if node.id in self.views:  # its source's buffer, which lives as long as the view
+            src, offset = self.views[node.id]
+            self.node_buffer[node.id] = self.node_buffer[src]
+            self.node_offset[node.id] = self.node_offset[src] + offset
+            return
+        buf = self.buffer_for(node)
+        self.sizes[buf] = max(self.sizes[buf], self.node_offset[node.id] + max(4, node.nbytes))
+        self.occupants[buf].append(node.id)
+        self.node_buffer[node.id] = buf
+        for i in dict.fromkeys(self.views.get(i, (i, 0))[0] for i in node.inputs):
+            if self.pooled[self.node_buffer[i]] and self.last[i] == node.id:
+                self.free.append(self.node_buffer[i])
+        if self.pooled[buf] and self.last[node.id] < 0:
+            self.free.append(buf)
+
+    def plan(self, grads: Mapping[str, int]) -> BufferPlan:
+        """The plan once every node is placed (writebacks not resolved yet)."""
+        graph, nb = self.graph, self.node_buffer
+        buffers = [BufferSpec(b, self.kinds[b], self.sizes[b], graph[occ[0]].dtype,
+                              graph[occ[0]].shape, tuple(occ), self.names[b],
+                              float(graph[occ[0]].attrs.get("init", 0.0))
+                              if self.kinds[b] == "state" else 0.0, self.pooled[b])
+                   for b, occ in enumerate(self.occupants)]
+        return BufferPlan(
+            buffers, nb,
+            params={n: nb[x.id] for n, x in graph.params.items()},
+            inputs={n: nb[x.id] for n, x in graph.inputs.items()},
+            states={n: nb[x.id] for n, x in graph.states.items()},
+            param_grads={n: nb[g] for n, g in grads.items()},
+            outputs=[nb[i] for i in graph.outputs],
+            captures={n: nb[i] for n, i in graph.captures.items()},
+            views={v: src for v, (src, _) in self.views.items()},
+            packed=frozenset(self.packs), node_offset=self.node_offset,
+            peak_bytes=sum(self.sizes),
+            unpooled_bytes=sum(max(4, n.nbytes) for n in graph.nodes
+                               if n.id not in self.views and n.id not in self.placed))
+
+
+def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
+                 writebacks: Iterable[WritebackArg] = (),
+                 limits: DeviceLimits | None = None, reuse: bool = True,
+                 layout_ops: Mapping[str, LayoutOp] | None = None) -> BufferPlan:
+    """Plan the buffers of `graph`. `grads` maps param names to gradient node ids;
+    `writebacks` holds ``(source node id, dest leaf name, 'param' | 'state')`` or
+    ``(source node id, dest node id, 'node', byte offset)``. `reuse=False` gives every
+    intermediate its own buffer (for debugging and tests). `layout_ops` (op name → op, the
+    op table's views and packs) lets views share their input's buffer and packs hold their
+    inputs, with no kernel: the plan's `views` and `packed`."""
+    grads = dict(grads or {})
+    wbs = [tuple(wb) for wb in writebacks]
+    _check_args(graph, grads, wbs)
+    planner = _Planner(graph, grads, wbs, dict(layout_ops or {}), limits or DeviceLimits(),
+                       reuse)
+    for node in graph.nodes:
+        planner.place(node)
+    plan = planner.plan(grads)
+    plan.writebacks = [_resolve_writeback(graph, plan, wb) for wb in wbs]
     check_plan(graph, plan)
     return plan
 
 
-def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple) -> ResolvedWriteback:
+def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple[int | str, ...]
+                       ) -> ResolvedWriteback:
     source, dest, kind = wb[:3]
+    if not isinstance(source, int):  # (checked by _check_args)
+        raise PlanError(f"writeback {wb!r}: the source must be a node id")
     src_node = graph[source]
     if kind == "node":
         offset = int(wb[3]) if len(wb) > 3 else 0
@@ -355,13 +392,13 @@ def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple) -> ResolvedWri
             raise PlanError(f"writeback %{source} -> %{dest} at {offset}: "
                             f"{src_node.nbytes} bytes do not fit in {graph[dest].nbytes}")
         src, dst = plan.node_buffer[source], plan.node_buffer[dest]
-        return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, str(dest), kind,
+        return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, str(dest), str(kind),
                                  plan.node_offset[source], plan.node_offset[dest] + offset)
-    table = {"param": plan.params, "state": plan.states}.get(kind)
+    table = {"param": plan.params, "state": plan.states}.get(str(kind))
     if table is None:
         raise PlanError(f"writeback %{source} -> '{dest}': kind must be 'param' or 'state', "
                         f"got {kind!r}")
-    if dest not in table:
+    if not isinstance(dest, str) or dest not in table:
         raise PlanError(f"writeback %{source} -> {kind} '{dest}': the graph has no {kind} of "
                         f"that name (known: {sorted(table)})")
     dst_node = getattr(graph, f"{kind}s")[dest]
@@ -372,7 +409,7 @@ def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple) -> ResolvedWri
     src, dst = plan.node_buffer[source], table[dest]
     if src == dst:
         raise PlanError(f"writeback %{source} -> {kind} '{dest}' copies a buffer onto itself")
-    return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, dest, kind,
+    return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, dest, str(kind),
                              plan.node_offset[source], plan.node_offset[dst_node.id])
 
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from .ir import Graph
+from .ir import DType, Graph
 from .ops.registry import OPS
 
 NP_DTYPES = {"i32": np.int32, "bool": np.bool_}
 
 
-def np_dtype(dtype: str, float_dtype: Any = np.float32) -> Any:
+def np_dtype(dtype: DType, float_dtype: Any = np.float32) -> Any:
     return float_dtype if dtype == "f32" else NP_DTYPES[dtype]
 
 

@@ -9,12 +9,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import describe
 
+if TYPE_CHECKING:
+    from .hostdata import HostArray
 
-class Captures(dict):
+
+class Captures(dict[str, "HostArray"]):
     """Captured tensors of one step or run, by name: {name: array}."""
 
     def __getitem__(self, name: str) -> Any:

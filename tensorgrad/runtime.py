@@ -9,26 +9,42 @@ attached to it bind, so they share weights without copies.
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import describe
 from .codegen.kernel import Kernel, dispatch_size
-from .codegen.program import is_core
+from .codegen.program import ProgramOp, is_core
 from .errors import AbortError, PlanError, ShapeError
 from .flight import CallQueue
-from .gpu.interface import BufferSlice, Copy, Dispatch, GPUDevice, PendingKernels, split_slice
-from .hostdata import from_bytes, to_bytes
+from .gpu.interface import (
+    Binding,
+    BufferSlice,
+    Copy,
+    DeviceLimits,
+    Dispatch,
+    GPUDevice,
+    KernelHandle,
+    ProgramHandle,
+    split_slice,
+)
+from .hostdata import IndexBound, first_rejected, from_bytes, sentinel_only, to_bytes
 from .init import ParamSpec, check_spec, init_params
 from .ir import Graph, Node
-from .ops.arena import ALIGN, arena_layout
-from .ops.index import IndexBound, first_rejected, input_index_bounds, sentinel_only
-from .ops.registry import OPS
-from .plan import check_bytes
+from .layout import ALIGN, arena_layout
+from .pipelines import (  # noqa: F401  (UNUSED_PIPELINES_KEPT, _pipeline_caches: as before)
+    UNUSED_PIPELINES_KEPT,
+    Acquiring,
+    PipelineCache,
+    _pipeline_caches,
+    pipeline_cache,
+)
+from .plan import BufferPlan, check_bytes
+
+if TYPE_CHECKING:
+    from .gpu.interface import HostBytes
+    from .hostdata import HostArray, HostData
 
 
 class ParamStore:
@@ -51,17 +67,18 @@ class ParamStore:
         self.layout = dict(layout)
         size = max([self.layout[n] + self.specs[n].size for n in f32], default=0)
         self._check_limits(device.limits, 4 * size if f32 else 0)
-        self.arena = device.create_buffer(4 * max(size, ALIGN), "params") if f32 else None
-        self.buffers: dict[str, Any] = {}
+        arena = device.create_buffer(4 * max(size, ALIGN), "params") if f32 else None
+        self.arena = arena
+        self.buffers: dict[str, Binding] = {}
         for name, spec in self.specs.items():
-            if name in self.layout:
-                self.buffers[name] = BufferSlice(self.arena, 4 * self.layout[name],
+            if arena is not None and name in self.layout:  # (an f32 param: there is one)
+                self.buffers[name] = BufferSlice(arena, 4 * self.layout[name],
                                                  max(4, 4 * spec.size))
             else:
                 self.buffers[name] = device.create_buffer(max(4, 4 * spec.size), name)
         self.reset()
 
-    def _check_limits(self, limits: Any, arena_bytes: int) -> None:
+    def _check_limits(self, limits: DeviceLimits, arena_bytes: int) -> None:
         """DeviceLimitError, as tg.compile's plan raises it, before anything is allocated or
         initialised: every param must fit one binding, the arena one buffer; ShapeError for an
         init that would make non-finite values."""
@@ -81,7 +98,7 @@ class ParamStore:
         for name, values in init_params(self.specs, self.seed).items():
             self.device.write_buffer(self.buffers[name], memoryview(values).cast("B"))
 
-    def check(self, params: Mapping[str, Any], partial: bool = False) -> dict[str, bytes]:
+    def check(self, params: Mapping[str, HostData], partial: bool = False) -> dict[str, bytes]:
         """{name: bytes} of {name: array}, every name unless `partial`: validated and copied
         (a later change to the caller's arrays changes nothing)."""
         unknown = sorted(set(params) - set(self.specs))
@@ -101,11 +118,11 @@ class ParamStore:
         for name, view in data.items():
             self.device.write_buffer(self.buffers[name], view)
 
-    def upload(self, params: Mapping[str, Any], partial: bool = False) -> None:
+    def upload(self, params: Mapping[str, HostData], partial: bool = False) -> None:
         """Write {name: array}; strict unless `partial`. Everything is checked first."""
         self.write(self.check(params, partial))
 
-    async def download(self) -> dict[str, Any]:
+    async def download(self) -> dict[str, HostArray]:
         names = self.names
         data = await self.device.read_buffers(
             [(self.buffers[n], max(4, 4 * self.specs[n].size)) for n in names])
@@ -122,11 +139,12 @@ class ParamStore:
         self.buffers = {}
 
 
-def shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int, Any]:
+def shared_param_buffers(graph: Graph, plan: BufferPlan, store: ParamStore
+                         ) -> dict[int, Binding]:
     """{buffer index of each param of `graph`: the store's buffer, a slice of its arena, or
     the arena itself where the plan packed the params as the store did}; ShapeError when the
     graph uses a param the store does not have, or with another shape."""
-    shared = {}
+    shared: dict[int, Binding] = {}
     for name, node in graph.params.items():
         if name not in store.buffers:
             raise ShapeError("attach", f"the forward uses param '{name}', which the model "
@@ -137,7 +155,7 @@ def shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int
                              f"model but {list(node.shape)} in the forward")
         index = plan.node_buffer[node.id]
         if plan.buffers[index].kind == "param_arena":
-            if plan.node_offset[node.id] != 4 * store.layout.get(name, -1):
+            if store.arena is None or plan.node_offset[node.id] != 4 * store.layout.get(name, -1):
                 raise PlanError(f"param '{name}' lies at byte {plan.node_offset[node.id]} of "
                                 "the compiled arena but elsewhere in the param store")
             shared[index] = store.arena
@@ -146,166 +164,17 @@ def shared_param_buffers(graph: Graph, plan: Any, store: ParamStore) -> dict[int
     return shared
 
 
-# Pipelines no executable uses, kept per device for quick reuse (a model compiled again, a
-# batch size seen again). On lavapipe a pipeline holds ~1 MiB of compiled code, so the kept
-# ones cost ~30 MiB at most there (bench/soak.py).
-UNUSED_PIPELINES_KEPT = 32
-
-
-class PipelineCache:
-    """The compute pipelines of one device, keyed by WGSL text and shared by the executables
-    that use them.
-
-    Each executable holds one reference on each of its distinct pipelines (taken by
-    :meth:`acquire` in :func:`build_executable`, dropped by :meth:`release` in
-    :meth:`Executable.destroy`). A pipeline no live executable uses stays in a least recently
-    used list of at most `keep` (:data:`UNUSED_PIPELINES_KEPT`) for quick reuse — the same
-    model compiled again, a batch size seen again — and past that is released on the device
-    (``destroy_kernel``). So the pipelines held are those of the live executables plus at most
-    `keep` more, however many models or shapes a process compiles. Thread safe."""
-
-    def __init__(self, device: GPUDevice, keep: int = UNUSED_PIPELINES_KEPT):
-        self._device = weakref.ref(device)
-        self.keep = keep
-        self.kernels: dict[str, Any] = {}  # every pipeline held, by WGSL
-        self.refs: dict[str, int] = {}  # WGSL -> how many live executables use it
-        self.unused: OrderedDict[str, None] = OrderedDict()  # no reference, oldest first
-        self._lock = threading.Lock()
-
-    @property
-    def device(self) -> GPUDevice | None:
-        return self._device()
-
-    def acquire(self, sources: Sequence[tuple[str, str]]) -> list[Any]:
-        """The pipeline of each `(wgsl, label)`, in order: those not held yet compiled in one
-        `create_kernels` call (a browser compiles them in parallel); one reference taken on
-        each distinct WGSL, to be dropped by :meth:`release`."""
-        return self.finish(self.start(sources))
-
-    def start(self, sources: Sequence[tuple[str, str]]) -> Acquiring:
-        """:meth:`acquire` in two halves: the missing pipelines start compiling (in the
-        background where the device can) and the held ones are referenced now;
-        :meth:`finish` gives them all, :meth:`abandon` gives them up."""
-        device = self.device
-        if device is None:
-            raise RuntimeError("the pipeline cache's device is gone")
-        with self._lock:
-            missing: dict[str, str] = {}
-            held = []
-            for wgsl, label in sources:
-                if wgsl not in self.kernels:
-                    missing.setdefault(wgsl, label)  # the first dispatch's label
-            for wgsl in dict.fromkeys(w for w, _ in sources):
-                if wgsl not in missing:
-                    self._ref(wgsl)
-                    held.append(wgsl)
-        try:
-            pending = device.start_kernels(list(missing.items())) if missing else None
-        except BaseException:
-            self.release(held)
-            raise
-        return Acquiring(list(sources), missing, pending, held)
-
-    def finish(self, acquiring: Acquiring) -> list[Any]:
-        """The pipelines of :meth:`start`, in order (waiting for those still compiling);
-        on a ShaderCompileError the references taken are dropped."""
-        pending, acquiring.pending = acquiring.pending, None
-        try:
-            made = pending.wait() if pending is not None else []
-        except BaseException:
-            self.release(acquiring.held)
-            acquiring.held = []
-            raise
-        acquiring.held = []
-        device = self.device
-        with self._lock:
-            for wgsl, kernel in zip(acquiring.missing, made):
-                if wgsl in self.kernels:  # made meanwhile by another acquire
-                    if device is not None:
-                        device.destroy_kernel(kernel)
-                else:
-                    self.kernels[wgsl] = kernel
-                self._ref(wgsl)
-            return [self.kernels[w] for w, _ in acquiring.sources]
-
-    def abandon(self, acquiring: Acquiring) -> None:
-        """Give up what :meth:`start` began: compiling pipelines dropped, references
-        released."""
-        if acquiring.pending is not None:
-            acquiring.pending.cancel()
-        self.release(acquiring.held)
-
-    def _ref(self, wgsl: str) -> None:
-        self.refs[wgsl] = self.refs.get(wgsl, 0) + 1
-        self.unused.pop(wgsl, None)
-
-    def release(self, wgsls: Iterable[str]) -> None:
-        """Drop one reference on each distinct WGSL of `wgsls` (as :meth:`acquire` took)."""
-        with self._lock:
-            for wgsl in dict.fromkeys(wgsls):
-                left = self.refs.get(wgsl, 0) - 1
-                if left > 0:
-                    self.refs[wgsl] = left
-                elif left == 0:
-                    del self.refs[wgsl]
-                    self.unused[wgsl] = None
-            device = self.device
-            if device is not None:
-                self._trim(device)
-
-    def get(self, wgsl: str, label: str) -> Any:
-        """The pipeline of `wgsl` (compiled if not held), without a reference: it sits with
-        the unused ones."""
-        kernel = self.acquire([(wgsl, label)])[0]
-        self.release([wgsl])
-        return kernel
-
-    def _trim(self, device: GPUDevice) -> None:
-        while len(self.unused) > self.keep:
-            wgsl, _ = self.unused.popitem(last=False)
-            device.destroy_kernel(self.kernels.pop(wgsl))
-
-
-@dataclass
-class Acquiring:
-    """Pipelines asked of a :class:`PipelineCache` by :meth:`~PipelineCache.start`: the
-    `(wgsl, label)` sources in dispatch order, those being compiled (`pending`, None when
-    every one was held) and the held WGSL already referenced."""
-
-    sources: list[tuple[str, str]]
-    missing: dict[str, str]
-    pending: PendingKernels | None
-    held: list[str]
-
-    def ready(self) -> bool:
-        """Whether :meth:`PipelineCache.finish` would not wait."""
-        return self.pending is None or self.pending.ready()
-
-
-_pipeline_caches: weakref.WeakKeyDictionary[Any, PipelineCache] = weakref.WeakKeyDictionary()
-_caches_lock = threading.Lock()
-
-
-def pipeline_cache(device: GPUDevice) -> PipelineCache:
-    """The pipeline cache of `device` (one per device, dropped with it)."""
-    with _caches_lock:
-        cache = _pipeline_caches.get(device)
-        if cache is None:
-            cache = _pipeline_caches[device] = PipelineCache(device)
-        return cache
-
-
 @dataclass
 class Executable:
     """One graph compiled onto a device."""
 
     device: GPUDevice
     graph: Graph
-    plan: Any
+    plan: BufferPlan
     kernels: list[Kernel]
-    buffers: list[Any]
-    owned: list[bool]
-    program: Any
+    buffers: list[Binding]  # one per plan buffer: made here, or shared (a param store's)
+    owned: list[bool]  # which of `buffers` this executable made (and frees)
+    program: ProgramHandle
     output_id: int
     status_id: int | None = None  # the step guard (1.0: the update was applied)
     pipelines: PipelineCache | None = None  # where its pipelines came from (released there)
@@ -314,19 +183,21 @@ class Executable:
     # come one at a time; this also orders direct use of the executable).
     lock: CallQueue = field(default_factory=CallQueue)
     destroyed: bool = False
-    inputs: dict[str, Any] = field(default_factory=dict)  # input name -> node, cached
-    index_bounds: dict[str, tuple[IndexBound, ...]] = field(default_factory=dict)
+    # {i32 input name: what its values may hold} (the compiler's input_index_bounds)
+    index_bounds: Mapping[str, tuple[IndexBound, ...]] = field(default_factory=dict)
+    inputs: dict[str, Node] = field(default_factory=dict)  # input name -> node, cached
     chunk_size: int = 32
     # A tiered start: `kernels` are the quick first tier and `upgrade` emits the optimized
     # ones. Their pipelines start compiling after the first run (in the background where the
     # device can) and the program is swapped for theirs before the first run that finds
-    # them compiled. Both tiers bind the same buffers: results are the same.
+    # them compiled. Both tiers bind the same buffers: results are the same. `ops` (the op
+    # table, handed in by the compiler) labels the optimized kernels' dispatches.
     upgrade: Callable[[], list[Kernel]] | None = None
     upgrading: tuple[list[Kernel], Acquiring] | None = None
+    ops: Mapping[str, ProgramOp] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.inputs = self.graph.inputs
-        self.index_bounds = input_index_bounds(self.graph)
 
     @property
     def kernel_count(self) -> int:
@@ -341,7 +212,7 @@ class Executable:
                 f"{describe.byte_size(self.plan.peak_bytes)}, on {describe.device(self.device)}, "
                 f"{'destroyed' if self.destroyed else 'live'}>")
 
-    def buffer_of(self, node_id: int) -> Any:
+    def buffer_of(self, node_id: int) -> Binding:
         """What holds node `node_id`: its buffer, or the slice of an arena or of a shared
         buffer it lies in."""
         return binding(self.buffers, self.plan, self.graph, node_id)
@@ -361,17 +232,17 @@ class Executable:
                         "reduction='sum')")
         return ""
 
-    def leaf_buffer(self, op: str, name: str) -> Any:
+    def leaf_buffer(self, op: str, name: str) -> Binding:
         node = self.graph.leaves(op)[name]
         return self.buffer_of(node.id)
 
-    async def run(self, feeds: Mapping[str, Any], read_captures: bool = True
-                  ) -> tuple[Any, dict[str, Any], bool]:
+    async def run(self, feeds: Mapping[str, HostData], read_captures: bool = True
+                  ) -> tuple[HostArray, dict[str, HostArray], bool]:
         """Write `feeds` (every graph input, hidden ones included), run, read back.
 
         Returns the output array, {capture name: array} and whether the step guard let the
         update through (True for a graph without one)."""
-        writes = []
+        writes: list[tuple[Binding, HostBytes]] = []
         inputs = self.inputs
         for name, node in inputs.items():
             if name not in feeds:
@@ -396,16 +267,16 @@ class Executable:
                 raise AbortError("graph destroyed")
             if self.upgrading is not None and self.upgrading[1].ready():
                 self._swap_in_upgrade()
-            data = await self.device.execute(self.program, writes, reads)
+            got = await self.device.execute(self.program, writes, reads)
             if self.upgrade is not None and not self.destroyed:
                 self._start_upgrade()
-        out = from_bytes(data[0], out_node.shape, out_node.dtype)
+        out = from_bytes(got[0], out_node.shape, out_node.dtype)
         applied = True
         if self.status_id is not None:
-            applied = bytes(data[1][:4]) != b"\x00\x00\x00\x00"  # 1.0f or 0.0f
-            data = data[1:]
+            applied = bytes(got[1][:4]) != b"\x00\x00\x00\x00"  # 1.0f or 0.0f
+            got = got[1:]
         caps = {name: from_bytes(d, self.graph[i].shape, self.graph[i].dtype)
-                for (name, i), d in zip(captures, data[1:])}
+                for (name, i), d in zip(captures, got[1:])}
         return out, caps, applied
 
     @property
@@ -422,7 +293,7 @@ class Executable:
         if [k.wgsl for k in kernels] == [k.wgsl for k in self.kernels]:
             return
         assert self.pipelines is not None
-        sources = kernel_sources(dispatches(self.graph, kernels))
+        sources = kernel_sources(dispatches(self.graph, kernels, self.ops))
         self.upgrading = (kernels, self.pipelines.start(sources))
 
     def _swap_in_upgrade(self) -> None:
@@ -431,7 +302,7 @@ class Executable:
         run; later runs go on with the quick kernels."""
         assert self.upgrading is not None and self.pipelines is not None
         (kernels, acquiring), self.upgrading = self.upgrading, None
-        dispatched = dispatches(self.graph, kernels)
+        dispatched = dispatches(self.graph, kernels, self.ops)
         made = self.pipelines.finish(acquiring)
         wgsls = tuple(kernel.wgsl for _, kernel, _ in dispatched)
         try:
@@ -446,14 +317,14 @@ class Executable:
         self.device.destroy_program(old_program)
         self.pipelines.release(old_wgsls)
 
-    async def read(self, node_ids: list[int]) -> list[Any]:
+    async def read(self, node_ids: list[int]) -> list[HostArray]:
         reads = [(self.buffer_of(i), max(4, self.graph[i].nbytes)) for i in node_ids]
         async with self.lock:
             data = await self.device.read_buffers(reads)
         return [from_bytes(d, self.graph[i].shape, self.graph[i].dtype)
                 for i, d in zip(node_ids, data)]
 
-    def write(self, node_id: int, data: Any) -> None:
+    def write(self, node_id: int, data: HostBytes) -> None:
         self.device.write_buffer(self.buffer_of(node_id), data)
 
     def destroy(self) -> None:
@@ -470,7 +341,7 @@ class Executable:
                 self.upgrading = None
             self.pipelines.release(self.wgsls)
         for buf, own in zip(self.buffers, self.owned):
-            if own:
+            if own and not isinstance(buf, BufferSlice):  # what it made: whole buffers
                 self.device.destroy_buffer(buf)
 
 
@@ -486,7 +357,8 @@ def _check_index_range(name: str, data: memoryview, uses: Sequence[IndexBound]) 
                      "an all-zero row and be silently ignored)", site="")
 
 
-def binding(buffers: Sequence[Any], plan: Any, graph: Graph, node_id: int) -> Any:
+def binding(buffers: Sequence[Binding], plan: BufferPlan, graph: Graph, node_id: int
+            ) -> Binding:
     """The buffer (or slice) a kernel binds for node `node_id`."""
     buffer = buffers[plan.node_buffer[node_id]]
     offset = plan.node_offset[node_id]
@@ -496,23 +368,25 @@ def binding(buffers: Sequence[Any], plan: Any, graph: Graph, node_id: int) -> An
     return BufferSlice(handle, base + offset, (max(4, graph[node_id].nbytes) + 3) & ~3)
 
 
-def dispatch_label(node: Node) -> str:
+def dispatch_label(node: Node, ops: Mapping[str, ProgramOp]) -> str:
     """The op a dispatch runs, for profiles and error messages: the IR op, "fused" for an
     elementwise group, or e.g. "matmul+fused" for a matmul (a reduction, ...) with stitched
-    prologues or epilogue."""
+    prologues or epilogue (`ops`: the op table, to tell the core of a fused program)."""
     if node.op != "fused":
         return node.op
     program = node.attrs["program"]
-    core = program.core(lambda n: is_core(n, OPS))
+    core = program.core(lambda n: is_core(n, ops))
     return "fused" if core is None else f"{program.nodes[core].op}+fused"
 
 
 Dispatched = tuple[Node, Kernel, str]
 
 
-def dispatches(graph: Graph, kernels: Sequence[Kernel]) -> list[Dispatched]:
-    """(node, kernel, label) of every node that dispatches a kernel, in graph order."""
-    return [(node, kernel, dispatch_label(node))
+def dispatches(graph: Graph, kernels: Sequence[Kernel], ops: Mapping[str, ProgramOp]
+               ) -> list[Dispatched]:
+    """(node, kernel, label) of every node that dispatches a kernel, in graph order (`ops`:
+    the op table, for :func:`dispatch_label`)."""
+    return [(node, kernel, dispatch_label(node, ops))
             for node, kernel in zip(graph.nodes, kernels) if kernel.threads > 0]
 
 
@@ -521,8 +395,8 @@ def kernel_sources(dispatched: Sequence[Dispatched]) -> list[tuple[str, str]]:
     return [(kernel.wgsl, label) for _, kernel, label in dispatched]
 
 
-def _program_steps(graph: Graph, plan: Any, buffers: Sequence[Any],
-                   dispatched: Sequence[Dispatched], made: Sequence[Any]
+def _program_steps(graph: Graph, plan: BufferPlan, buffers: Sequence[Binding],
+                   dispatched: Sequence[Dispatched], made: Sequence[KernelHandle]
                    ) -> list[Dispatch | Copy]:
     """The dispatches (with their pipelines `made`) then the writeback copies of a step."""
     steps: list[Dispatch | Copy] = []
@@ -538,19 +412,24 @@ def _program_steps(graph: Graph, plan: Any, buffers: Sequence[Any],
     return steps
 
 
-def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[Kernel],
+def build_executable(device: GPUDevice, graph: Graph, plan: BufferPlan, kernels: list[Kernel],
                      output_id: int, pipelines: PipelineCache, chunk_size: int,
-                     shared: Mapping[int, Any] | None = None,
-                     status_id: int | None = None, acquiring: Acquiring | None = None,
+                     ops: Mapping[str, ProgramOp],
+                     shared: Mapping[int, Binding] | None = None,
+                     status_id: int | None = None,
+                     index_bounds: Mapping[str, tuple[IndexBound, ...]] | None = None,
+                     acquiring: Acquiring | None = None,
                      upgrade: Callable[[], list[Kernel]] | None = None) -> Executable:
     """Create buffers (reusing `shared` {buffer index: handle}), pipelines and the program.
 
-    `acquiring`: the kernels' pipelines already asked of `pipelines` (``pipelines.start``,
-    so that they compile while the caller did other work); `upgrade`: a tiered start's
-    emitter of the optimized kernels (see :class:`Executable`)."""
+    The caller hands in what only the op table knows (the runtime does not import it): `ops`,
+    to label each dispatch, and `index_bounds`, what each i32 input that indexes may hold
+    (checked on every run). `acquiring`: the kernels' pipelines already asked of `pipelines`
+    (``pipelines.start``, so that they compile while the caller did other work); `upgrade`:
+    a tiered start's emitter of the optimized kernels (see :class:`Executable`)."""
     shared = shared or {}
-    dispatched = dispatches(graph, kernels)
-    buffers: list[Any] = []
+    dispatched = dispatches(graph, kernels, ops)
+    buffers: list[Binding] = []
     owned: list[bool] = []
     acquired = False
     try:
@@ -577,10 +456,11 @@ def build_executable(device: GPUDevice, graph: Graph, plan: Any, kernels: list[K
             pipelines.release(kernel.wgsl for _, kernel, _ in dispatched)
         elif acquiring is not None:
             pipelines.abandon(acquiring)
-        for buf, own in zip(buffers, owned):
-            if own:
-                device.destroy_buffer(buf)
+        for held, own in zip(buffers, owned):
+            if own and not isinstance(held, BufferSlice):
+                device.destroy_buffer(held)
         raise
     return Executable(device, graph, plan, kernels, buffers, owned, program, output_id,
                       status_id, pipelines, tuple(kernel.wgsl for _, kernel, _ in dispatched),
-                      chunk_size=chunk_size, upgrade=upgrade)
+                      index_bounds=dict(index_bounds or {}), chunk_size=chunk_size,
+                      upgrade=upgrade, ops=ops)

@@ -63,7 +63,7 @@ def _shape_of(value: Any) -> list[int]:
     if shape is not None:
         return [int(d) for d in shape]
     view = memoryview(value)
-    return list(view.shape) if view.ndim else []
+    return list(view.shape or ()) if view.ndim else []
 
 
 def _check_name(name: Any) -> str:
@@ -141,7 +141,7 @@ def save_safetensors(params: Mapping[str, Any], metadata: Mapping[str, str] | No
 
 # ---- loading: the header ---------------------------------------------------------------------
 
-class _Object(dict):
+class _Object(dict[str, Any]):
     """A JSON object, remembering the keys it repeated (json keeps the last silently)."""
 
     repeated: list[str]
@@ -150,7 +150,11 @@ class _Object(dict):
 def _object(pairs: list[tuple[str, Any]]) -> _Object:
     obj = _Object(pairs)
     seen: set[str] = set()
-    obj.repeated = [k for k, _ in pairs if k in seen or seen.add(k)]
+    obj.repeated = []
+    for k, _ in pairs:
+        if k in seen:
+            obj.repeated.append(k)
+        seen.add(k)
     return obj
 
 
@@ -278,6 +282,7 @@ def _check_layout(entries: list[_Entry], blob_len: int) -> None:
             if e.begin > pos:
                 _fail(f"data_offsets {where} leave a hole: the data before it ends at {pos}",
                       e.name)
+            assert prev is not None  # e.begin < pos: a tensor came before it
             _fail(f"data_offsets {where} overlap tensor {_show(prev.name)} "
                   f"[{prev.begin}, {prev.end}]", e.name)
         pos, prev = e.end, e

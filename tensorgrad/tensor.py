@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ShapeError, TraceError, user_call_site
-from .ir import DTYPES, Graph, Node, Shape
+from .ir import DTYPES, DType, Graph, Node, Shape
 
 PRNG_SEED_INPUT = "__prng_seed"
 
@@ -61,7 +61,7 @@ def is_tracing() -> bool:
     return _state is not None
 
 
-def leaf(op: str, name: str, shape: Sequence[int], dtype: str = "f32", **attrs: Any) -> Tensor:
+def leaf(op: str, name: str, shape: Sequence[int], dtype: DType = "f32", **attrs: Any) -> Tensor:
     """A named leaf: 'param' or 'input' (one namespace) or 'state' (its own namespace)."""
     state = current_trace(op)
     shape = tuple(shape)
@@ -131,7 +131,7 @@ class Tensor:
         return self.graph[self.id].shape
 
     @property
-    def dtype(self) -> str:
+    def dtype(self) -> DType:
         """"f32", "i32" or "bool"."""
         return self.graph[self.id].dtype
 

@@ -15,15 +15,18 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from . import init as _init
 from .errors import ShapeError, TraceError
 from .hostdata import element_count
 from .init import ParamSpec
-from .ir import Graph
+from .ir import DType, Graph
 from .module import Module, materialize
 from .tensor import Tensor, leaf, tracing
+
+if TYPE_CHECKING:
+    from .hostdata import HostData
 
 __all__ = ["InputDecl", "TracedGraph", "check_seed", "normalize_inputs", "resolve_shapes",
            "trace_graph"]
@@ -37,11 +40,18 @@ class InputDecl:
 
     name: str
     shape: tuple[int | None, ...]
-    dtype: str = "f32"
+    dtype: DType = "f32"
 
     @property
     def concrete(self) -> bool:
         return None not in self.shape
+
+
+# An input declaration as written: a shape (a sequence of dims, None for the one free dim a
+# forward input may have; an int for one dim), (shape, dtype), {"shape": ..., "dtype": ...}
+# or an InputDecl (see the module docstring).
+Dims = Sequence[int | None]
+InputSpec: TypeAlias = Dims | int | tuple[Dims, DType] | Mapping[str, Dims | DType] | InputDecl
 
 
 @dataclass
@@ -57,7 +67,7 @@ class TracedGraph:
 
 # ---- input declarations ----------------------------------------------------------------
 
-def _decl(name: Any, raw: Any, wildcards: bool, op: str) -> InputDecl:
+def _decl(name: object, raw: object, wildcards: bool, op: str) -> InputDecl:
     if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
         raise ShapeError(op, f"input name {name!r} must be a Python identifier not starting "
                          "with '__' (inputs are passed as keyword arguments)")
@@ -92,7 +102,7 @@ def _decl(name: Any, raw: Any, wildcards: bool, op: str) -> InputDecl:
     return InputDecl(name, tuple(shape), dtype)
 
 
-def _none_dim_message(name: str, shape: Sequence[Any], dtype: str, op: str) -> str:
+def _none_dim_message(name: str, shape: Sequence[Any], dtype: DType, op: str) -> str:
     """Why a None dim is refused here, and the public calls that take one."""
     free = f"{{'{name}': {tuple(shape)!r}}}" if dtype == "f32" else \
         f"{{'{name}': ({tuple(shape)!r}, '{dtype}')}}"
@@ -108,11 +118,11 @@ def _none_dim_message(name: str, shape: Sequence[Any], dtype: str, op: str) -> s
             f"inputs={free})")
 
 
-def normalize_inputs(decls: Mapping[str, Any], wildcards: bool = True,
+def normalize_inputs(decls: Mapping[str, InputSpec], wildcards: bool = True,
                      op: str = "inputs") -> dict[str, InputDecl]:
     """Validate input declarations into {name: InputDecl} (declaration order kept)."""
     if isinstance(decls, Mapping) and all(isinstance(v, InputDecl) for v in decls.values()):
-        decls = {k: (v.shape, v.dtype) for k, v in decls.items()}
+        decls = {k: (v.shape, v.dtype) for k, v in decls.items() if isinstance(v, InputDecl)}
     if not isinstance(decls, Mapping):
         raise ShapeError(op, f"inputs must be a dict {{name: shape}} or {{name: (shape, "
                          f"dtype)}}, e.g. {{'x': (32, 784), 'y': ((32,), 'i32')}}; got "
@@ -120,7 +130,7 @@ def normalize_inputs(decls: Mapping[str, Any], wildcards: bool = True,
     return {name: _decl(name, raw, wildcards, op) for name, raw in decls.items()}
 
 
-def resolve_shapes(decls: Mapping[str, Any], arrays: Mapping[str, Any]
+def resolve_shapes(decls: Mapping[str, InputSpec], arrays: Mapping[str, HostData]
                    ) -> dict[str, tuple[int, ...]]:
     """Concrete shapes for forward input declarations, given the data (flat or not).
 
@@ -196,7 +206,7 @@ def _check_signature(fn: Callable[..., Any], names: Sequence[str], what: str) ->
 
 
 def _run(model: Module, fn: Callable[..., Any], decls: dict[str, InputDecl], what: str,
-         graph: Graph) -> tuple[Any, dict[str, ParamSpec]]:
+         graph: Graph) -> tuple[Tensor, dict[str, ParamSpec]]:
     _check_signature(fn, list(decls), what)
     clone, specs, _ = materialize(model)
     for name in decls:
@@ -226,7 +236,7 @@ def check_seed(seed: int | None) -> int:
     return seed & _init.MASK32
 
 
-def trace_graph(model: Module, fn: Callable[..., Tensor], inputs: Mapping[str, Any],
+def trace_graph(model: Module, fn: Callable[..., Tensor], inputs: Mapping[str, InputSpec],
                 what: str = "loss") -> TracedGraph:
     """Trace ``fn(model, **inputs)`` (`what`: "loss" or "forward", for messages).
 

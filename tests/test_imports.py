@@ -124,3 +124,31 @@ def test_no_import_loops_inside_the_package():
             f"{a} imports {', '.join(sorted(graph[a] & set(c)))}" for a in c)
         for c in loops)
     assert not loops, f"import loops inside {PACKAGE}/:\n{detail}"
+
+
+# The back end sits below the op table: the plan, code generation's records and program
+# writer, the runtime (and its pipeline cache) and the GPU adapters get what they need from
+# the op table handed in by the compiler (as `ops=`), so loading any of them never loads the
+# ops.
+BELOW_THE_OPS = ("plan", "runtime", "pipelines", "layout", "hostdata", "codegen", "gpu")
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for m in graph[todo.pop()] - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen
+
+
+def test_the_back_end_does_not_load_the_op_table():
+    graph = import_graph()
+    back_end = [m for m in graph if any(
+        m == f"{PACKAGE}.{b}" or m.startswith(f"{PACKAGE}.{b}.") for b in BELOW_THE_OPS)]
+    assert f"{PACKAGE}.runtime" in back_end and f"{PACKAGE}.gpu.native" in back_end
+    reaching = {m: sorted(r for r in _reach(graph, m) if r.startswith(f"{PACKAGE}.ops"))
+                for m in back_end}
+    bad = {m: r for m, r in reaching.items() if r}
+    assert not bad, "modules below the op table load it:\n" + "\n".join(
+        f"  {m} -> {', '.join(r)}" for m, r in sorted(bad.items()))

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from ..ir import FusedProgram, Node, Shape
+from ..ir import DType, FusedProgram, Node, Shape
 from . import wgsl as w
 from .kernel import EmitContext, Kernel
 
@@ -126,7 +126,7 @@ def _emit_stitched(ctx: EmitContext, program: FusedProgram, core: int,
     def shape_of(ref: int) -> Shape:
         return ctx.inputs[-ref - 1].shape if ref < 0 else program.nodes[ref].shape
 
-    def dtype_of(ref: int) -> str:
+    def dtype_of(ref: int) -> DType:
         return ctx.inputs[-ref - 1].dtype if ref < 0 else program.nodes[ref].dtype
 
     emit = ops[cnode.op].emit
@@ -183,7 +183,7 @@ def _vector_bindings(program: FusedProgram, core: int, slots: frozenset[int]) ->
     return frozenset(candidates)
 
 
-def _function(name: str, params: str, dtype: str, writer: _Writer, result: str,
+def _function(name: str, params: str, dtype: DType, writer: _Writer, result: str,
               vector: bool = False) -> str:
     body = "\n".join(writer.lines)
     if vector:  # `q` indexes vec4s: `i` is the first element's flat index

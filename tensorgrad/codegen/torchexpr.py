@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from ..ir import DType
+
 
 # Operator precedence of an expression's outermost operation (higher binds tighter).
 ATOM, UNARY, MUL, ADD, CMP = 100, 90, 80, 70, 50
@@ -64,7 +68,7 @@ class TorchNode(NamedTuple):
     """One IR node as its translation sees it: sizes that follow the None dim are Syms."""
 
     op: str
-    dtype: str
+    dtype: DType
     shape: Sequence[Any]
     attrs: Mapping[str, Any]
 
@@ -160,7 +164,7 @@ class TorchContext:
         self.helpers.add(name)
         return name
 
-    def tensor(self, e: Expr, dtype: str) -> Expr:
+    def tensor(self, e: Expr, dtype: DType) -> Expr:
         """A scalar literal as a 0-d tensor (for consumers that need a tensor)."""
         if e.scalar is None:
             return e

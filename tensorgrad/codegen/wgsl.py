@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from math import prod
 
-from ..ir import Node
+from ..ir import DType, Node
 from .kernel import MAX_GROUPS_X, EmitContext, Kernel
 
 WG = 256
@@ -19,11 +19,11 @@ WG = 256
 _TYPES = {"f32": "f32", "i32": "i32", "bool": "u32"}
 
 
-def wgsl_type(dtype: str) -> str:
+def wgsl_type(dtype: DType) -> str:
     return _TYPES[dtype]
 
 
-def lit(value: float | bool, dtype: str = "f32") -> str:
+def lit(value: float | bool, dtype: DType = "f32") -> str:
     """A WGSL literal of `dtype`. Non-finite floats become +-1e30."""
     if dtype == "f32":
         v = float(value)

@@ -29,7 +29,7 @@ class CallInfo:
 class Analysis:
     """The traced forward and what the writer needs to know about it."""
 
-    def __init__(self, tr: Traced, shapes: list, attrs: list, size_name: str | None,
+    def __init__(self, tr: Traced, shapes: list[Any], attrs: list[Any], size_name: str | None,
                  forward_fn: Callable[..., Any], input_names: list[str]):
         self.tr, self.graph = tr, tr.graph
         self.shapes, self.attrs = shapes, attrs

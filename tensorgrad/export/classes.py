@@ -53,7 +53,7 @@ def _candidates(config: Mapping[str, Any], value: Any) -> list[str]:
     return out
 
 
-def _init_skeleton(spec: Any) -> tuple:
+def _init_skeleton(spec: Any) -> tuple[Any, ...]:
     values = ((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec))
     return (type(spec).__name__,
             *((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in values))
@@ -99,7 +99,7 @@ class Grouper:
             self._choose(grp)
         return self.groups
 
-    def _place(self, info: Info, code: list[str] | None, skeleton: tuple, values: list[Any]
+    def _place(self, info: Info, code: list[str] | None, skeleton: tuple[Any, ...], values: list[Any]
                ) -> Group | None:
         """An existing class `info` fits (same structure, forward and slots), or None."""
         if info is self.an.root:
@@ -112,7 +112,7 @@ class Grouper:
                 return grp
         return None
 
-    def _new(self, info: Info, skeleton: tuple, n_slots: int) -> Group:
+    def _new(self, info: Info, skeleton: tuple[Any, ...], n_slots: int) -> Group:
         grp = Group(type(info.obj), skeleton=skeleton)
         grp.slots = [None] * n_slots
         grp.literal = [MIXED] * n_slots
@@ -124,7 +124,7 @@ class Grouper:
         self.groups.append(grp)
         return grp
 
-    def skeleton(self, info: Info) -> tuple[tuple, list[Any]]:
+    def skeleton(self, info: Info) -> tuple[tuple[Any, ...], list[Any]]:
         """(structure, slot values): param dims, kaiming fan-ins and child constructor
         arguments are slots; everything else must be equal within a class."""
         values: list[Any] = []
@@ -151,7 +151,7 @@ class Grouper:
             return ("param", spec.dtype, len(spec.shape), _init_skeleton(spec.init))
         return (c.kind, tuple((k, self.child_skeleton(x, values)) for k, x in c.items))
 
-    def _slot_sig(self, info: Info) -> tuple:
+    def _slot_sig(self, info: Info) -> tuple[Any, ...]:
         """What decides a child's constructor arguments: its slot values, recursively."""
         _, values = self.skeleton(info)
         return tuple((id(v[1].group), self._slot_sig(v[1])) if _is_ctor(v) else v
@@ -205,8 +205,9 @@ class Grouper:
                 continue
             used = taken.setdefault(owners[k], set())
             free = [c for c in cands if c not in used]
-            grp.chosen[k] = (free or cands)[0]
-            used.add(grp.chosen[k])
+            choice = (free or cands)[0]
+            grp.chosen[k] = choice
+            used.add(choice)
 
     def _slot_owners(self, info: Info) -> list[int]:
         """For each slot, a number naming the param (or child) it belongs to."""

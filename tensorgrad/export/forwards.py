@@ -116,14 +116,15 @@ class Forwards:
     def doc(self) -> str:
         """The root forward's inputs and output, e.g. ``x: float32 [B, 1] -> float32 [B, 1]``."""
         an = self.an
+        size = an.size_name or ""  # (set whenever a dim is None or a Sym)
         parts = []
         for name in an.input_names:
             shape, dtype = self.decls[name]
-            dims = ", ".join(an.size_name if d is None else str(d) for d in shape)
+            dims = ", ".join(size if d is None else str(d) for d in shape)
             kind = "float32" if dtype == "f32" else "integer"
             parts.append(f"{name}: {kind} [{dims}]")
         out = an.graph[an.tr.out]
-        dims = ", ".join(d.render(an.size_name) if isinstance(d, Sym) else str(d)
+        dims = ", ".join(d.render(size) if isinstance(d, Sym) else str(d)
                          for d in an.shapes[an.tr.out])
         kind = {"f32": "float32", "i32": "int64", "bool": "bool"}[out.dtype]
         text = f"{'; '.join(parts)} -> {kind} [{dims}]"

@@ -216,7 +216,7 @@ def _export(root: Module, forward: Callable[..., Tensor] | None, inputs: Mapping
     specs = dict(root.named_params())
     source, root_name = _source(root, an, specs, class_name, decls, path)
     weights = _weights(specs, values, root_name)
-    out_shape = tuple(d.render(size_name) if isinstance(d, Sym) else d
+    out_shape = tuple(d.render(size_name or "") if isinstance(d, Sym) else d
                       for d in an.shapes[first.out])
     ex = TorchExport(
         source=source, weights=weights, class_name=root_name,

@@ -28,8 +28,8 @@ class Call:
     index: int
     module: Module
     fn: Callable[..., Any]
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     result: Any
     start: int
     end: int
@@ -38,10 +38,10 @@ class Call:
 class CallRecorder:
     """Wraps `forward` of every Module class in a tree for one trace; records each call."""
 
-    def __init__(self, classes: Sequence[type]):
+    def __init__(self, classes: Sequence[type[Module]]):
         self.classes = list(classes)
         self.calls: list[Call] = []
-        self._saved: list[tuple[type, bool, Any]] = []
+        self._saved: list[tuple[type[Module], bool, Any]] = []
         self._active: set[int] = set()
 
     def __enter__(self) -> CallRecorder:  # noqa: PYI034
@@ -49,7 +49,7 @@ class CallRecorder:
             own = "forward" in cls.__dict__
             orig = cls.__dict__["forward"] if own else cls.forward
             self._saved.append((cls, own, orig))
-            cls.forward = self._wrap(orig)
+            setattr(cls, "forward", self._wrap(orig))  # noqa: B010
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -189,7 +189,7 @@ def fit(values: Sequence[Any], probes: Sequence[int], where: str) -> Any:
 
 
 def symbolic(traces: Sequence[Traced], probes: Sequence[int]
-              ) -> tuple[list[tuple], list[dict[str, Any]]]:
+              ) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
     """Per node of the first trace: its shape and attrs with Syms where they follow N."""
     g0 = traces[0].graph
     for t in traces[1:]:
@@ -215,13 +215,13 @@ class Probed:
     dim), and the None dim's name in the source (None: no dim was declared None)."""
 
     first: Traced
-    shapes: list
+    shapes: list[Any]
     attrs: list[dict[str, Any]]
     size_name: str | None
 
 
 def trace_probes(root: Module, forward: Callable[..., Tensor],
-                 decls: Mapping[str, tuple[tuple, str]], probes: Sequence[int]) -> Probed:
+                 decls: Mapping[str, tuple[tuple[Any, ...], str]], probes: Sequence[int]) -> Probed:
     """Trace `forward` once, or, with a None dim in `decls`, at three probe sizes, and fit
     every shape and attr to the size."""
     wild = [(name, shape.index(None)) for name, (shape, _) in decls.items() if None in shape]

@@ -83,7 +83,7 @@ class _TreeBuilder:
     def holds(self, v: Any) -> bool:
         return holds_any(v, lambda x: isinstance(x, Module) or self.param_of(x) is not None)
 
-    def item(self, v: Any, path: str, chain: tuple) -> Any:
+    def item(self, v: Any, path: str, chain: tuple[Any, ...]) -> Any:
         p = self.param_of(v)
         if p is not None:
             if p.node.id in self.seen_params:
@@ -98,7 +98,7 @@ class _TreeBuilder:
             return self.container(v, path, chain)
         return None
 
-    def container(self, v: Any, path: str, chain: tuple) -> Container:
+    def container(self, v: Any, path: str, chain: tuple[Any, ...]) -> Container:
         pairs = list(v.items()) if isinstance(v, dict) else list(enumerate(v))
         items = []
         for k, x in pairs:
@@ -120,7 +120,7 @@ class _TreeBuilder:
             raise ExportError(f"'{path}' mixes modules and params in one container")
         return Container("dict" if isinstance(v, dict) else "list", items)
 
-    def module(self, obj: Module, path: str, chain: tuple) -> Info:
+    def module(self, obj: Module, path: str, chain: tuple[Any, ...]) -> Info:
         info = Info(obj, path, chain)
         self.by_id[id(obj)] = info
         for key, v in vars(obj).items():
@@ -153,7 +153,7 @@ def _access(chain: Sequence[tuple[str, str]]) -> str:
     return text
 
 
-def relative(owner: Info, chain: tuple) -> str | None:
+def relative(owner: Info, chain: tuple[Any, ...]) -> str | None:
     """`self...` from `owner` to the object at `chain`, or None when it is not below it."""
     n = len(owner.chain)
     if chain[:n] != owner.chain:
@@ -161,11 +161,11 @@ def relative(owner: Info, chain: tuple) -> str | None:
     return _access(chain[n:])
 
 
-def param_chains(root: Info) -> dict[int, tuple]:
+def param_chains(root: Info) -> dict[int, tuple[Any, ...]]:
     """The access chain of every param leaf of the tree, by node id."""
-    out: dict[int, tuple] = {}
+    out: dict[int, tuple[Any, ...]] = {}
 
-    def visit(obj: Any, chain: tuple) -> None:
+    def visit(obj: Any, chain: tuple[Any, ...]) -> None:
         if isinstance(obj, Param):
             out[obj.node.id] = chain
         elif isinstance(obj, Info):

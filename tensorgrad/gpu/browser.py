@@ -14,21 +14,27 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import DeviceLostError, MainThreadError, ShaderCompileError
 from .interface import (
     WANTED_FEATURES,
     AdapterInfo,
+    Binding,
     BufferHandle,
     Copy,
     DeviceLimits,
     Dispatch,
+    KernelHandle,
     PendingKernels,
+    ProgramHandle,
     ReadyKernels,
     WebGPUSupport,
     split_slice,
 )
+
+if TYPE_CHECKING:
+    from .interface import HostBytes
 
 __all__ = ["MAIN_THREAD_HELP", "BrowserDevice", "BrowserProgram", "browser_mode", "probe_browser",
            "request_browser_device"]
@@ -139,17 +145,17 @@ class BrowserDevice:
         self.counts["buffers created"] += 1
         return buffer
 
-    def write_buffer(self, buffer: BufferHandle, data: Any, offset: int = 0) -> None:
+    def write_buffer(self, buffer: Binding, data: HostBytes, offset: int = 0) -> None:
         """Copy host bytes into `buffer` (or a slice) at `offset`."""
-        buffer, base, _ = split_slice(buffer)
-        self._call("writeBuffer", buffer, int(base + offset), self._to_js(_bytes_view(data)))
+        handle, base, _ = split_slice(buffer)
+        self._call("writeBuffer", handle, int(base + offset), self._to_js(_bytes_view(data)))
 
     def destroy_buffer(self, buffer: BufferHandle) -> None:
         self.ffi_calls += 1
-        buffer.destroy()
+        cast(Any, buffer).destroy()  # a JS GPUBuffer
         self.counts["buffers destroyed"] += 1
 
-    def create_kernel(self, wgsl: str, label: str) -> BrowserKernel:
+    def create_kernel(self, wgsl: str, label: str) -> KernelHandle:
         """Compile `wgsl` into a compute pipeline; raises ShaderCompileError on any error.
 
         The error check is asynchronous in WebGPU: it blocks here through JSPI (``run_sync``)
@@ -165,9 +171,9 @@ class BrowserDevice:
             _raise_if_errors(run_sync(check), wgsl, label)
         else:
             self._unchecked.append((check, wgsl, label))
-        return kernel
+        return KernelHandle(kernel)
 
-    def create_kernels(self, sources: Sequence[tuple[str, str]]) -> list[BrowserKernel]:
+    def create_kernels(self, sources: Sequence[tuple[str, str]]) -> list[KernelHandle]:
         """Compile every `(wgsl, label)` at once: the pipelines are made in parallel
         (``createComputePipelineAsync``) and waited for together through JSPI; in Chromium on
         SwiftShader (2 cores) the addition transformer's 49 kernels took 1.7-1.9 s instead of
@@ -179,8 +185,8 @@ class BrowserDevice:
             return self._one_by_one(sources)
         return self.start_kernels(sources).wait()
 
-    def _one_by_one(self, sources: Sequence[tuple[str, str]]) -> list[BrowserKernel]:
-        kernels: list[BrowserKernel] = []
+    def _one_by_one(self, sources: Sequence[tuple[str, str]]) -> list[KernelHandle]:
+        kernels: list[KernelHandle] = []
         try:
             for wgsl, label in sources:
                 kernels.append(self.create_kernel(wgsl, label))
@@ -202,12 +208,13 @@ class BrowserDevice:
                          self._to_js([label for _, label in sources]))
         return _BrowserPendingKernels(self, job, list(sources))
 
-    def destroy_kernel(self, kernel: BrowserKernel) -> None:
+    def destroy_kernel(self, kernel: KernelHandle) -> None:
         """Drop the adapter's reference to a pipeline (the JS object is collected once no
         program holds it either)."""
-        if kernel.pipeline is None:
+        made = cast(BrowserKernel, kernel)
+        if made.pipeline is None:
             return
-        kernel.pipeline = None
+        made.pipeline = None
         self.counts["pipelines destroyed"] += 1
 
     async def check_kernels(self) -> None:
@@ -216,33 +223,36 @@ class BrowserDevice:
         for check, wgsl, label in unchecked:
             _raise_if_errors(await self._await(check), wgsl, label)
 
-    def create_program(self, steps: Sequence[Dispatch | Copy], chunk_size: int) -> BrowserProgram:
+    def create_program(self, steps: Sequence[Dispatch | Copy], chunk_size: int
+                       ) -> ProgramHandle:
         """Hand every dispatch and copy to JS at once; bind groups and chunks are made there."""
         plain: list[list[Any]] = []
         for s in steps:
             if isinstance(s, Dispatch):
                 wg = tuple(int(n) for n in s.workgroups) + (1, 1, 1)
                 binds = [[h, off, size or 0] for h, off, size in map(split_slice, s.buffers)]
-                plain.append(["d", s.kernel.pipeline, binds, *wg[:3], s.label])
+                kernel = cast(BrowserKernel, s.kernel)
+                plain.append(["d", kernel.pipeline, binds, *wg[:3], s.label])
             else:
                 plain.append(["c", s.src, int(s.src_offset), s.dst, int(s.dst_offset), int(s.size)])
         plan = self._call("createProgram", self._to_js(plain), int(chunk_size))
         dispatches = sum(isinstance(s, Dispatch) for s in steps)
         self.counts["programs created"] += 1
         chunks = 1 if chunk_size <= 0 else max(1, -(-dispatches // chunk_size))
-        return BrowserProgram(plan, dispatches, chunks)
+        return ProgramHandle(BrowserProgram(plan, dispatches, chunks))
 
-    def destroy_program(self, program: BrowserProgram) -> None:
+    def destroy_program(self, program: ProgramHandle) -> None:
         """Drop the program's bind groups and chunks in JS and its proxy here (a run in
         flight keeps the chunks it read)."""
-        if program.plan is None:
+        made = cast(BrowserProgram, program)
+        if made.plan is None:
             return
-        self._call("destroyProgram", program.plan)
-        program.plan = None
+        self._call("destroyProgram", made.plan)
+        made.plan = None
         self.counts["programs destroyed"] += 1
 
-    async def execute(self, program: BrowserProgram, writes: Sequence[tuple[BufferHandle, Any]],
-                      reads: Sequence[tuple[BufferHandle, int]]) -> list[memoryview]:
+    async def execute(self, program: ProgramHandle, writes: Sequence[tuple[Binding, HostBytes]],
+                      reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
         """Write inputs, run the program's chunks (two in flight at most), read back: four FFI
         calls whatever the number of kernels, writes and reads."""
         if self._unchecked:
@@ -257,16 +267,16 @@ class BrowserDevice:
             offsets.append(offset)
             sizes.append(view.nbytes)
         args = self._to_js([handles, offsets, sizes, memoryview(blob), _flat_reads(reads)])
-        out = await self._await(self._call("execute", program.plan, args))
+        out = await self._await(self._call("execute", cast(BrowserProgram, program).plan, args))
         return self._split(out, reads)
 
-    async def read_buffers(self, reads: Sequence[tuple[BufferHandle, int]]) -> list[memoryview]:
+    async def read_buffers(self, reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
         """Read `(buffer, nbytes)` pairs back: one submission, one map."""
         flat = self._to_js(_flat_reads(reads))
         out = await self._await(self._call("readBuffers", flat))
         return self._split(out, reads)
 
-    def _split(self, out: Any, reads: Sequence[tuple[BufferHandle, int]]) -> list[memoryview]:
+    def _split(self, out: Any, reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
         self.ffi_calls += 1
         data = memoryview(out.to_bytes())
         views, offset = [], 0
@@ -291,7 +301,7 @@ class _BrowserPendingKernels:
         self._device.ffi_calls += 1
         return self._job is None or bool(self._job.done)
 
-    def wait(self) -> list[BrowserKernel]:
+    def wait(self) -> list[KernelHandle]:
         from pyodide.ffi import run_sync
 
         if self._job is None:
@@ -300,12 +310,12 @@ class _BrowserPendingKernels:
         device = self._device
         device.ffi_calls += 2  # the wait, the promise read
         made = run_sync(job.promise)
-        kernels: list[BrowserKernel] = []
+        kernels: list[KernelHandle] = []
         try:
             for (wgsl, label), got in zip(self._sources, made):
                 device.ffi_calls += 2  # the two attribute reads
                 _raise_if_errors(got.messages, wgsl, label)
-                kernels.append(BrowserKernel(got.pipeline, label))
+                kernels.append(KernelHandle(BrowserKernel(got.pipeline, label)))
                 device.counts["pipelines created"] += 1
         except BaseException:  # release those made before the one that failed
             for kernel in kernels:
@@ -317,7 +327,7 @@ class _BrowserPendingKernels:
         self._job = None  # the JS pipelines are collected once the job settles
 
 
-def _flat_reads(reads: Sequence[tuple[Any, int]]) -> list[Any]:
+def _flat_reads(reads: Sequence[tuple[Binding, int]]) -> list[Any]:
     """[buffer, offset, nbytes, ...] of `(buffer or slice, nbytes)` pairs."""
     flat: list[Any] = []
     for buffer, n in reads:
@@ -326,7 +336,7 @@ def _flat_reads(reads: Sequence[tuple[Any, int]]) -> list[Any]:
     return flat
 
 
-def _bytes_view(data: Any) -> memoryview:
+def _bytes_view(data: HostBytes) -> memoryview:
     """The bytes of any buffer-protocol object, as a flat unsigned-byte memoryview."""
     mv = data if isinstance(data, memoryview) else memoryview(data)
     if not mv.c_contiguous:

@@ -12,11 +12,24 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, NewType, Protocol
 
-BufferHandle = Any
-KernelHandle = Any
-ProgramHandle = Any
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
+    # Host bytes for a write: any object with the buffer protocol (bytes, memoryview,
+    # array.array, a numpy array).
+    HostBytes: TypeAlias = Buffer
+
+# Opaque handles: what an adapter made (a wgpu-py buffer, a JS GPUBuffer, the adapter's own
+# pipeline and program records). The runtime holds them and hands them back to the device
+# that made them, never looking inside; an adapter wraps what it makes (``BufferHandle(buf)``,
+# free at run time) and reads its own handles back.
+BufferHandle = NewType("BufferHandle", object)
+KernelHandle = NewType("KernelHandle", object)
+ProgramHandle = NewType("ProgramHandle", object)
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,11 @@ class BufferSlice:
     size: int
 
 
-def split_slice(buffer: BufferHandle | BufferSlice) -> tuple[BufferHandle, int, int | None]:
+# What a kernel binds, and where the interface reads or writes: a whole buffer or a slice.
+Binding = BufferHandle | BufferSlice
+
+
+def split_slice(buffer: Binding) -> tuple[BufferHandle, int, int | None]:
     """(handle, offset, size or None for the whole buffer) of a buffer or a slice."""
     if isinstance(buffer, BufferSlice):
         return buffer.buffer, buffer.offset, buffer.size
@@ -101,7 +118,7 @@ class Dispatch:
     buffer or a :class:`BufferSlice`)."""
 
     kernel: KernelHandle
-    buffers: tuple[BufferHandle, ...]
+    buffers: tuple[Binding, ...]
     workgroups: tuple[int, int, int]
     label: str = ""
 
@@ -177,7 +194,7 @@ class GPUDevice(Protocol):
         """A zero-initialised storage buffer of `size` bytes (a multiple of 4)."""
         ...
 
-    def write_buffer(self, buffer: BufferHandle, data: Any, offset: int = 0) -> None:
+    def write_buffer(self, buffer: Binding, data: HostBytes, offset: int = 0) -> None:
         """Copy host bytes (any buffer-protocol object) into `buffer` at `offset`."""
         ...
 
@@ -224,14 +241,14 @@ class GPUDevice(Protocol):
     async def execute(
         self,
         program: ProgramHandle,
-        writes: Sequence[tuple[BufferHandle, Any]],
-        reads: Sequence[tuple[BufferHandle, int]],
+        writes: Sequence[tuple[Binding, HostBytes]],
+        reads: Sequence[tuple[Binding, int]],
     ) -> list[memoryview]:
         """Run one step: write host data, run the program's chunks with bounded work in
         flight, then read back `(buffer, nbytes)` pairs. Returns the bytes of each read."""
         ...
 
-    async def read_buffers(self, reads: Sequence[tuple[BufferHandle, int]]) -> list[memoryview]:
+    async def read_buffers(self, reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
         """Read `(buffer, nbytes)` pairs back to the host (one submission, one map each)."""
         ...
 

@@ -7,6 +7,13 @@ from . import (  # noqa: F401  (each family module fills the op table)
     arena,
     attention,
     conv,
+)
+
+# isort: split
+from . import pool  # noqa: F401  (right after conv: the op table and tg.* keep their order)
+
+# isort: split
+from . import (  # noqa: F401
     index,
     linalg,
     nn,
@@ -14,6 +21,7 @@ from . import (  # noqa: F401  (each family module fills the op table)
     optim_ops,
     reduce,
     shape,
+    step_guard,
     stochastic,
     update_check,
 )

@@ -1,10 +1,10 @@
 """Arenas: many tensors side by side in one flat buffer, so one kernel can update them all.
 
-``arena_layout(sizes)`` gives each tensor's element offset (aligned to 64 elements, the 256
-bytes of WebGPU's storage binding alignment, so each one still binds on its own) and the
-arena's size. ``pack(xs, offsets, size)`` is the arena as a tensor: its value is every input
-flattened at its offset (zeros between). It runs no kernel: the buffer plan places each input
-straight into the pack's buffer. The optimizer packs the params and their gradients this way
+``arena_layout(sizes)`` (from :mod:`tensorgrad.layout`) gives each tensor's element offset
+(aligned to 64 elements, the 256 bytes of WebGPU's storage binding alignment, so each one
+still binds on its own) and the arena's size. ``pack(xs, offsets, size)`` is the arena as a
+tensor: its value is every input flattened at its offset (zeros between). It runs no kernel:
+the buffer plan places each input straight into the pack's buffer. The optimizer packs the params and their gradients this way
 (see :mod:`tensorgrad.optim`).
 """
 
@@ -15,24 +15,13 @@ from typing import Any
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
+from ..layout import ALIGN, arena_layout
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, define, record
 
-ALIGN = 64  # elements: 256 bytes of f32
 
-
-def arena_layout(sizes: Sequence[int]) -> tuple[tuple[int, ...], int]:
-    """(element offset of each tensor, the arena's element count) for tensors of `sizes`
-    side by side, each at a multiple of ALIGN."""
-    offsets, end = [], 0
-    for n in sizes:
-        offsets.append(end)
-        end += -(-int(n) // ALIGN) * ALIGN
-    return tuple(offsets), max(end, ALIGN)
-
-
-def _infer_pack(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_pack(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     offsets, size = tuple(attrs.get("offsets", ())), attrs.get("size")
     if not inputs or len(offsets) != len(inputs) or not isinstance(size, int):
         raise ShapeError("pack", f"expected one offset per input and a size, got {len(inputs)} "

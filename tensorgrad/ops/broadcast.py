@@ -12,13 +12,13 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, Stitch, define, record
 from .rules import is_int, same_last_two
 
 
-def _infer_broadcast_to(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_broadcast_to(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,), target = inputs, tuple(attrs["shape"])
     off = len(target) - len(a.shape)
     if off < 0 or any(d not in (1, target[k + off]) for k, d in enumerate(a.shape)):
@@ -26,7 +26,7 @@ def _infer_broadcast_to(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[
     return target, a.dtype
 
 
-def _infer_sum_to_shape(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_sum_to_shape(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,), target = inputs, tuple(attrs["shape"])
     off = len(a.shape) - len(target)
     if off < 0 or any(d not in (1, a.shape[k + off]) for k, d in enumerate(target)):
@@ -74,7 +74,7 @@ define("sum_to_shape", infer=_infer_sum_to_shape, ref=_ref_sum_to_shape,
 
 # ---- sum_partials ------------------------------------------------------------------------
 
-def _infer_sum_partials(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_sum_partials(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,) = inputs
     rows, parts = attrs["rows"], attrs["parts"]
     ints = all(is_int(v) and v > 0 for v in (rows, parts))

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from types import ModuleType
+from typing import Any, TypeGuard
 
 import tensorgrad.codegen.torchexpr as tx
 import tensorgrad.codegen.wgsl as w
 
 from ..errors import ShapeError
-from ..ir import DTYPES, Node, Shape
+from ..ir import DTYPES, Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .broadcast import broadcast_to, sum_to_shape
-from .registry import NO_GRAD, ZerosFn, define, public, record
+from .registry import NO_GRAD, InferFn, VjpFn, ZerosFn, define, public, record
 from .rules import (
     broadcast_shapes,
     check_dims,
@@ -31,7 +32,7 @@ ERF_P = 0.3275911
 ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
@@ -78,7 +79,7 @@ def _unbroadcast(g: Tensor, shape: Shape) -> Tensor:
 
 # ---- constants -------------------------------------------------------------------------
 
-def _infer_full(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_full(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     if attrs["dtype"] not in DTYPES:
         raise ShapeError("full", f"dtype must be one of {DTYPES}, got {attrs['dtype']!r}")
     return tuple(attrs["shape"]), attrs["dtype"]
@@ -100,7 +101,7 @@ define("full", infer=_infer_full,
        torch=_torch_full, doc="A tensor filled with one value.")
 
 
-def full(shape: Sequence[int], value: float, dtype: str = "f32") -> Tensor:
+def full(shape: Sequence[int], value: float, dtype: DType = "f32") -> Tensor:
     """A tensor of `shape` filled with `value`."""
     shape = tuple(shape)
     if shape:
@@ -109,14 +110,14 @@ def full(shape: Sequence[int], value: float, dtype: str = "f32") -> Tensor:
 
 
 @public
-def zeros(shape: Sequence[int], dtype: str = "f32") -> Tensor:
+def zeros(shape: Sequence[int], dtype: DType = "f32") -> Tensor:
     """A tensor of zeros, `shape` of positive ints."""
     check_dims("zeros", tuple(shape))
     return full(shape, 0, dtype)
 
 
 @public
-def ones(shape: Sequence[int], dtype: str = "f32") -> Tensor:
+def ones(shape: Sequence[int], dtype: DType = "f32") -> Tensor:
     """A tensor of ones, `shape` of positive ints."""
     check_dims("ones", tuple(shape))
     return full(shape, 1, dtype)
@@ -137,14 +138,15 @@ def _both(op: str, a: TensorLike, b: TensorLike) -> tuple[Tensor, Tensor]:
     return _as_tensor(op, a, like), _as_tensor(op, b, like)  # type: ignore[arg-type]
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: object) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 # ---- binary arithmetic -----------------------------------------------------------------
 
-def _binary_infer(op: str, dtypes: tuple[str, ...], out_dtype: str | None = None):
-    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _binary_infer(op: str, dtypes: tuple[DType, ...], out_dtype: DType | None = None
+                  ) -> InferFn:
+    def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         a, b = inputs
         dtype = same_dtype(op, inputs)
         require_dtype(op, a, *dtypes, what="operands")
@@ -153,8 +155,8 @@ def _binary_infer(op: str, dtypes: tuple[str, ...], out_dtype: str | None = None
 
 
 def _binary(name: str, np_fn: Callable[[Any, Any], Any], expr: str, vjp: Any,
-            torch: tx.TorchFn, dtypes: tuple[str, ...] = ("f32", "i32"),
-            out_dtype: str | None = None, doc: str = "") -> None:
+            torch: tx.TorchFn, dtypes: tuple[DType, ...] = ("f32", "i32"),
+            out_dtype: DType | None = None, doc: str = "") -> None:
     define(name, infer=_binary_infer(name, dtypes, out_dtype),
            ref=lambda args, node: np_fn(args[0], args[1]),
            vjp=vjp, expr=lambda node: expr, torch=torch,
@@ -180,8 +182,8 @@ _binary("div", lambda a, b: a / b, "(a0 / a1)",
         tx.operator("/", tx.MUL), dtypes=("f32",))
 
 
-def _minmax_vjp(compare: Callable[[Tensor, Tensor], Tensor]):
-    def vjp(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> list[Tensor]:
+def _minmax_vjp(compare: Callable[[Tensor, Tensor], Tensor]) -> VjpFn:
+    def vjp(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: Attrs) -> list[Tensor]:
         a, b = ins
         mask = compare(a, b)  # where a strictly wins; ties send the gradient to b
         return [_unbroadcast(where(mask, dy, 0.0), a.shape),
@@ -210,8 +212,8 @@ _binary("greater", lambda a, b: a > b, "select(0u, 1u, a0 > a1)", NO_GRAD,
         tx.operator(">", tx.CMP), out_dtype="bool")
 
 
-def _scalar_infer(op: str):
-    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _scalar_infer(op: str) -> InferFn:
+    def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         require_dtype(op, inputs[0], "f32", "i32")
         return inputs[0].shape, inputs[0].dtype
     return infer
@@ -257,9 +259,9 @@ def mul_scalar(x: Tensor, s: float) -> Tensor:
 def add(a: TensorLike, b: TensorLike) -> Tensor:
     """a + b with broadcasting; a Python number on either side."""
     if _is_number(b) and isinstance(a, Tensor):
-        return add_scalar(a, b)  # type: ignore[arg-type]
+        return add_scalar(a, b)
     if _is_number(a) and isinstance(b, Tensor):
-        return add_scalar(b, a)  # type: ignore[arg-type]
+        return add_scalar(b, a)
     return record("add", list(_both("add", a, b)))
 
 
@@ -267,7 +269,7 @@ def add(a: TensorLike, b: TensorLike) -> Tensor:
 def sub(a: TensorLike, b: TensorLike) -> Tensor:
     """a - b with broadcasting; a Python number on either side."""
     if _is_number(b) and isinstance(a, Tensor):
-        return add_scalar(a, -b)  # type: ignore[operator]
+        return add_scalar(a, -b)
     return record("sub", list(_both("sub", a, b)))
 
 
@@ -275,9 +277,9 @@ def sub(a: TensorLike, b: TensorLike) -> Tensor:
 def mul(a: TensorLike, b: TensorLike) -> Tensor:
     """a * b with broadcasting; a Python number on either side."""
     if _is_number(b) and isinstance(a, Tensor):
-        return mul_scalar(a, b)  # type: ignore[arg-type]
+        return mul_scalar(a, b)
     if _is_number(a) and isinstance(b, Tensor):
-        return mul_scalar(b, a)  # type: ignore[arg-type]
+        return mul_scalar(b, a)
     return record("mul", list(_both("mul", a, b)))
 
 
@@ -288,7 +290,7 @@ def div(a: TensorLike, b: TensorLike) -> Tensor:
         if b == 0:
             raise ShapeError("div", "division by the scalar 0")
         require_dtype("div", a.node, "f32", what="dividend")
-        return mul_scalar(a, 1.0 / b)  # type: ignore[operator]
+        return mul_scalar(a, 1.0 / b)
     return record("div", list(_both("div", a, b)))
 
 
@@ -316,14 +318,15 @@ def greater(a: TensorLike, b: TensorLike) -> Tensor:
     return record("greater", list(_both("greater", a, b)))
 
 
-def _infer_where(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_where(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     cond, a, b = inputs
     require_dtype("where", cond, "bool", what="cond")
     dtype = same_dtype("where", [a, b])
     return broadcast_shapes("where", cond.shape, a.shape, b.shape), dtype
 
 
-def _vjp_where(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> list:
+def _vjp_where(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: Attrs
+               ) -> list[Tensor | None]:
     cond, a, b = ins
     return [None, _unbroadcast(where(cond, dy, 0.0), a.shape),
             _unbroadcast(where(cond, 0.0, dy), b.shape)]
@@ -350,14 +353,14 @@ def where(cond: Tensor, a: TensorLike, b: TensorLike) -> Tensor:
         raise ShapeError("where", f"cond must be a bool Tensor, got {type(cond).__name__}")
     a_t, b_t = _both("where", a, b)
     if not isinstance(a, Tensor) and isinstance(b, Tensor):
-        a_t = full((), a, b.dtype)  # type: ignore[arg-type]
+        a_t = full((), a, b.dtype)
     return record("where", [cond, a_t, b_t])
 
 
 # ---- unary -----------------------------------------------------------------------------
 
-def _unary_infer(op: str):
-    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _unary_infer(op: str) -> InferFn:
+    def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         require_dtype(op, inputs[0], "f32")
         return inputs[0].shape, "f32"
     return infer
@@ -390,7 +393,7 @@ log = _unary("log", lambda x: _np().log(x), "nan_if(log(a0), a0 < 0.0f)",
 exp = _unary("exp", lambda x: _np().exp(x), "exp(a0)",
              lambda i, c, dy, at: [mul(dy, c)], "e^x",
              torch=tx.function("torch.exp"))
-neg = _unary("neg", lambda x: -x, "(-a0)", lambda i, c, dy, at: [neg(dy)], "-x",
+neg: Callable[[Tensor], Tensor] = _unary("neg", lambda x: -x, "(-a0)", lambda i, c, dy, at: [neg(dy)], "-x",
              zeros=lambda node, inputs, zeros: zeros[0],
              torch=lambda n, a, cx: tx.negate(a[0]))
 abs = _unary("abs", lambda x: _np().abs(x), "abs(a0)",
@@ -414,7 +417,7 @@ erf = _unary("erf", erf_reference, "erf_as(a0)",
 sin = _unary("sin", lambda x: _np().sin(x), "sin(a0)",
              lambda i, c, dy, at: [mul(dy, cos(i[0]))], "Sine",
              torch=tx.function("torch.sin"))
-cos = _unary("cos", lambda x: _np().cos(x), "cos(a0)",
+cos: Callable[[Tensor], Tensor] = _unary("cos", lambda x: _np().cos(x), "cos(a0)",
              lambda i, c, dy, at: [mul(dy, neg(sin(i[0])))], "Cosine",
              torch=tx.function("torch.cos"))
 # max(NaN, 0) is 0 on some drivers: a NaN must stay NaN (as in NumPy and PyTorch), or a bad
@@ -428,7 +431,7 @@ relu = _unary("relu", lambda x: _np().maximum(x, 0), "select(max(a0, 0.0f), a0, 
               torch=tx.function("torch.relu"))
 
 
-def _infer_relu_grad(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_relu_grad(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     x, dy = inputs
     if x.shape != dy.shape:
         raise ShapeError("relu_grad", f"x {list(x.shape)} and dy {list(dy.shape)} differ")
@@ -443,7 +446,7 @@ define("relu_grad", infer=_infer_relu_grad,
        doc="dy where y > 0, else 0 (y: relu's output or input)")
 
 
-def _infer_same(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_same(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     return inputs[0].shape, inputs[0].dtype
 
 

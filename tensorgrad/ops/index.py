@@ -15,7 +15,7 @@ turns into a zero row on purpose.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.torchexpr as tx
@@ -23,7 +23,8 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import DTYPES, Graph, Node, Shape
+from ..hostdata import IndexBound
+from ..ir import DTYPES, Attrs, DType, Graph, Node, Shape
 from ..tensor import Tensor
 from .elementwise import mul
 from .registry import GRAD_ERROR, NO_GRAD, Stitch, define, public, record
@@ -34,7 +35,7 @@ _NP_DTYPES = {"i32": "int32", "bool": "bool"}
 I32_RANGE = (-(1 << 31), (1 << 31) - 1)
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
@@ -44,14 +45,14 @@ def _check_dtype(op: str, dtype: Any) -> None:
         raise ShapeError(op, f"dtype must be one of {DTYPES}, got {dtype!r}")
 
 
-def _np_out(dtype: str, like: Any) -> Any:
+def _np_out(dtype: DType, like: Any) -> Any:
     """NumPy dtype for an op output: f32 follows the float inputs (float32 or float64)."""
     return _NP_DTYPES.get(dtype, like)
 
 
 # ---- one_hot ---------------------------------------------------------------------------
 
-def _infer_one_hot(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_one_hot(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (idx,) = inputs
     require_dtype("one_hot", idx, "i32", what="indices")
     depth = attrs["depth"]
@@ -117,25 +118,6 @@ define("one_hot", infer=_infer_one_hot, ref=_ref_one_hot, vjp=NO_GRAD, expr=_exp
 _INDEX_PRESERVING = ("reshape", "permute", "slice_range", "broadcast_to", "stop_gradient")
 
 
-@dataclass(frozen=True)
-class IndexBound:
-    """What one op reading i32 indices allows them to hold: 0..bound - 1, and `sentinel`
-    (None: no such value) that the op gives a meaning of its own (a one-hot's ignore_index:
-    a zero row on purpose). `what`: the op and its user line, for messages."""
-
-    bound: int
-    what: str
-    sentinel: int | None = None
-
-    def allows(self, value: int) -> bool:
-        return 0 <= value < self.bound or value == self.sentinel
-
-    def expected(self) -> str:
-        """The allowed values in words: '0..4', or '0..4 or -100' with a sentinel."""
-        extra = self.sentinel is not None and not 0 <= self.sentinel < self.bound
-        return f"0..{self.bound - 1}" + (f" or {self.sentinel}" if extra else "")
-
-
 def _index_use(node: Node, input_shape: Callable[[int], Shape]
                ) -> tuple[int, IndexBound] | None:
     """(input position of the indices, what they may hold) for a node whose op reads i32
@@ -169,7 +151,10 @@ def _index_reads(graph: Graph, node: Node) -> list[tuple[Node, IndexBound]]:
 
     reads = []
     for pn in program:
-        use = _index_use(pn, lambda k, pn=pn: shape(pn.inputs[k]))
+        def input_shape(k: int, pn: Node = pn) -> Shape:
+            return shape(pn.inputs[k])
+
+        use = _index_use(pn, input_shape)
         if use is None:
             continue
         ref = pn.inputs[use[0]]
@@ -185,7 +170,7 @@ def input_index_bounds(graph: Graph) -> dict[str, tuple[IndexBound, ...]]:
     (cross_entropy and nll_loss targets, take_along_axis) or a row gather/scatter
     (embedding), one :class:`IndexBound` per distinct (bound, sentinel): every value must
     be allowed by every use, or it would silently select an all-zero row (and get no
-    gradient). Check values with :func:`first_rejected`."""
+    gradient). Check values with :func:`tensorgrad.hostdata.first_rejected`."""
     uses: dict[str, dict[tuple[int, int | None], IndexBound]] = {}
     for node in graph.nodes:
         for src, use in _index_reads(graph, node):
@@ -199,38 +184,8 @@ def input_index_bounds(graph: Graph) -> dict[str, tuple[IndexBound, ...]]:
     return {name: tuple(by_key.values()) for name, by_key in uses.items()}
 
 
-def first_rejected(values: Sequence[int], uses: Sequence[IndexBound]
-                   ) -> tuple[int, int, IndexBound] | None:
-    """(flat index, value, the use that rejects it) for the first of `values` that one of
-    `uses` does not allow; None when all are allowed. One pass over the values when all lie
-    in 0..bound - 1 of every use, else one over their distinct values first."""
-    if not values or (0 <= min(values) and max(values) < min(u.bound for u in uses)):
-        return None
-    rejecting: dict[int, IndexBound] = {}
-    for v in set(values):
-        use = next((u for u in uses if not u.allows(v)), None)
-        if use is not None:
-            rejecting[v] = use
-    if not rejecting:
-        return None
-    k, v = next((k, v) for k, v in enumerate(values) if v in rejecting)
-    return k, v, rejecting[v]
-
-
-def sentinel_only(values: Sequence[int], uses: Sequence[IndexBound]) -> IndexBound | None:
-    """The use whose sentinel every one of `values` is (all of cross_entropy's targets
-    ignored), or None."""
-    if not values:
-        return None
-    first = values[0]
-    use = next((u for u in uses if u.sentinel is not None and u.sentinel == first), None)
-    if use is None or min(values) != first or max(values) != first:
-        return None
-    return use
-
-
 @public
-def one_hot(idx: Tensor, depth: int, dtype: str = "f32") -> Tensor:
+def one_hot(idx: Tensor, depth: int, dtype: DType = "f32") -> Tensor:
     """[...] i32 indices -> [..., depth] of `dtype`; an out-of-range index gives a zero row.
     Indices that come straight from an input are checked when a step or run is called: one
     outside 0..depth - 1 fails it, naming the input and the value."""
@@ -242,7 +197,7 @@ def one_hot(idx: Tensor, depth: int, dtype: str = "f32") -> Tensor:
 
 # ---- arange ----------------------------------------------------------------------------
 
-def _infer_arange(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_arange(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     n = attrs["n"]
     if not is_int(n) or n <= 0:
         raise ShapeError("arange", f"n must be a positive int, got {n!r}")
@@ -266,14 +221,14 @@ define("arange", infer=_infer_arange,
 
 
 @public
-def arange(n: int, dtype: str = "i32") -> Tensor:
+def arange(n: int, dtype: DType = "i32") -> Tensor:
     """[n] holding 0, 1, ..., n-1 as i32 (or f32)."""
     return record("arange", [], n=n, dtype=dtype)
 
 
 # ---- row gather and scatter-add ------------------------------------------------------------
 
-def _infer_gather_rows(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_gather_rows(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     table, idx = inputs
     require_dtype("gather_rows", table, "f32", what="table")
     require_dtype("gather_rows", idx, "i32", what="indices")
@@ -295,7 +250,8 @@ def _ref_gather_rows(args: Sequence[Any], node: Node) -> Any:
     return np.where(_valid_rows(idx, rows)[..., None], picked, np.zeros((), table.dtype))
 
 
-def _vjp_gather_rows(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list:
+def _vjp_gather_rows(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs
+                     ) -> list[Tensor | None]:
     table, idx = ins
     return [record("scatter_add_rows", [dy, idx], rows=table.shape[0]), None]
 
@@ -309,8 +265,8 @@ def _emit_gather_rows(ctx: EmitContext) -> Kernel:
     return w.thread_kernel(ctx, body)
 
 
-def _infer_scatter_add_rows(inputs: Sequence[Node], attrs: dict[str, Any]
-                            ) -> tuple[Shape, str]:
+def _infer_scatter_add_rows(inputs: Sequence[Node], attrs: Attrs
+                            ) -> tuple[Shape, DType]:
     dy, idx = inputs
     require_dtype("scatter_add_rows", dy, "f32", what="dy")
     require_dtype("scatter_add_rows", idx, "i32", what="indices")

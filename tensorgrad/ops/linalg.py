@@ -18,7 +18,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .linalg_cpu import REGISTER_BLOCKS, choose_register_block, emit_registers
 from .matmul_spec import MAX_PADDING, MatmulSpec, at, split_batch
@@ -40,7 +40,7 @@ def _check_operands(op: str, a: Node, b: Node) -> None:
                              f"(lhs {list(a.shape)}, rhs {list(b.shape)})")
 
 
-def _infer_matmul(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_matmul(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     a, b = inputs
     _check_operands("matmul", a, b)
     ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
@@ -56,7 +56,7 @@ def _infer_matmul(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape,
     return (*a.shape[:-2], m, n), "f32"
 
 
-def _infer_matmul_batched(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_matmul_batched(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     a, b = inputs
     _check_operands("matmul", a, b)
     ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
@@ -100,7 +100,7 @@ def _flat_rows(x: Tensor) -> Tensor:
     return reshape(x, (prod(x.shape[:-1]), x.shape[-1]))
 
 
-def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: dict) -> list[Tensor]:
+def _vjp_matmul(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: Attrs) -> list[Tensor]:
     a, b = ins
     ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
     batched = len(b.shape) > 2

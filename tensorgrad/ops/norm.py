@@ -10,6 +10,7 @@ into the kernels around them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.torchexpr as tx
@@ -17,21 +18,21 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .elementwise import add, mul
 from .reduce import ROW_STITCH, RowStat, row_kernel
-from .registry import GRAD_ERROR, Stitch, define, public, record
+from .registry import GRAD_ERROR, InferFn, Stitch, define, public, record
 from .rules import is_finite_number, require_dtype
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
 
-def _infer_normalize(op: str):
-    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_normalize(op: str) -> InferFn:
+    def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         x = inputs[0]
         for k, node in enumerate(inputs):
             require_dtype(op, node, "f32", what="x" if k == 0 else "dy")
@@ -100,7 +101,7 @@ def _emit_normalize_grad(ctx: EmitContext) -> Kernel:
     return row_kernel(ctx, stats, f"out[base + j] = ({inner}) / s;")
 
 
-def _vjp_normalize(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list[Tensor]:
+def _vjp_normalize(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs) -> list[Tensor]:
     return [record("normalize_last_grad", [ins[0], dy], eps=at["eps"], center=at["center"])]
 
 

@@ -34,6 +34,9 @@ of the gradients. Every update op takes an optional 0-d ``ok`` input and writes 
 (param, moment, velocity) unchanged when ``ok`` is 0, so a step with a non-finite loss or
 gradient, or whose update would make a param or state value non-finite, leaves params and
 optimizer state exactly as they were.
+
+The step guard and the gradient sums live in :mod:`.step_guard` (their names are importable
+from here too); this module holds the update ops.
 """
 
 from __future__ import annotations
@@ -45,29 +48,36 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, define, record
+from .step_guard import (  # noqa: F401  (the guard's and the norms' names, importable here too)
+    GUARD_PER_THREAD,
+    GUARD_THREADS_MAX,
+    MAX_GUARD_INPUTS,
+    MAX_TOTAL_INPUTS,
+    NONFINITE_WGSL,
+    NORMALIZE_EPS,
+    _np,
+    _ok_ref,
+    _ok_wgsl,
+    _roles,
+    grad_norm_total,
+    grad_sumsq,
+    guard,
+    guard_width,
+    step_ok,
+    sumsq_total,
+)
 
-NORMALIZE_EPS = 1e-8  # g / (||g|| + NORMALIZE_EPS)
 CLIP_EPS = 1e-6       # scale = min(clip / (total + CLIP_EPS), 1)
-MAX_TOTAL_INPUTS = 7  # grad_norm_total inputs per node (8 storage bindings minus the output)
 SCALE_ROLES = ("gnorm", "gtotal")
 GUARD_ROLES = ("ok",)
 
 
-def _np():
-    import numpy as np
-    return np
-
-
-def _roles(node: Node) -> dict[str, int]:
-    return {role: k for k, role in enumerate(node.attrs["roles"])}
-
-
 # ---- shared checks ---------------------------------------------------------------------
 
-def _check_inputs(op: str, inputs: Sequence[Node], attrs: dict[str, Any],
+def _check_inputs(op: str, inputs: Sequence[Node], attrs: Attrs,
                   required: Sequence[str], optional: Sequence[str]) -> dict[str, Node]:
     """Map role -> node after checking the roles, that every input is f32 and that the
     scale roles are 0-d and agree with `attrs["clip"]`."""
@@ -132,9 +142,10 @@ def _wgsl_scale(node: Node) -> str:
 
 
 def _scale_inputs(gnorm: Tensor | None, gtotal: Tensor | None, ok: Tensor | None = None
-                  ) -> tuple[list, list]:
+                  ) -> tuple[list[Tensor], list[str]]:
     """The optional scale inputs (and the step guard) of an update op, with their roles."""
-    tensors, roles = [], []
+    tensors: list[Tensor] = []
+    roles: list[str] = []
     for t, role in ((gnorm, "gnorm"), (gtotal, "gtotal"), (ok, "ok")):
         if t is not None:
             tensors.append(t)
@@ -142,290 +153,6 @@ def _scale_inputs(gnorm: Tensor | None, gtotal: Tensor | None, ok: Tensor | None
     return tensors, roles
 
 
-# ---- the step guard ----------------------------------------------------------------------
-
-GUARD_THREADS_MAX = 262_144  # partial flags per node: enough threads to fill a large GPU
-GUARD_PER_THREAD = 64        # elements each thread scans, at least (when there are many)
-MAX_GUARD_INPUTS = 7
-
-
-def guard_width(sizes: Sequence[int]) -> int:
-    """G, the number of partial flags for inputs of these sizes."""
-    return max(1, min(GUARD_THREADS_MAX, -(-max(sizes) // GUARD_PER_THREAD)))
-
-
-def _infer_partials(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
-    if not 1 <= len(inputs) <= MAX_GUARD_INPUTS:
-        raise ShapeError("partials", f"expected 1..{MAX_GUARD_INPUTS} inputs, got "
-                         f"{len(inputs)}")
-    for node in inputs:
-        if node.dtype != "f32":
-            raise ShapeError("partials", f"inputs must be f32, got {node.dtype}"
-                             f"{list(node.shape)}")
-    return (guard_width([n.size for n in inputs]),), "f32"
-
-
-def _ref_partials(args: Sequence[Any], node: Node) -> Any:
-    np = _np()
-    width = node.shape[0]
-    out = np.ones(width, dtype=bool)
-    for x in args:
-        flat = np.asarray(x).reshape(-1)
-        padded = np.zeros(-(-flat.size // width) * width, dtype=flat.dtype)
-        padded[:flat.size] = flat
-        out &= np.isfinite(padded.reshape(-1, width)).all(axis=0)
-    return out.astype(args[0].dtype)
-
-
-# A non-finite f32 has all exponent bits set (NaN or +-Inf); WGSL has no isnan/isinf.
-NONFINITE_WGSL = """fn nonfinite(x: f32) -> bool {
-  return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
-}"""
-
-
-def _emit_partials(ctx: EmitContext) -> Kernel:
-    width = ctx.node.shape[0]
-    lines = ["  var bad = false;"]
-    for k, node in enumerate(ctx.inputs):
-        lines.append(f"  for (var e = i; e < {w.u(node.size)}; e = e + {w.u(width)}) "
-                     f"{{ bad = bad || nonfinite(in{k}[e]); }}")
-    lines.append("  out[i] = select(1.0f, 0.0f, bad);")
-    return w.thread_kernel(ctx, "\n".join(lines), width, prelude=NONFINITE_WGSL)
-
-
-define("finite_partials", infer=_infer_partials, ref=_ref_partials, vjp=GRAD_ERROR,
-       emit=_emit_partials,
-       doc="Partial all-finite flags of several tensors (1 per interleaved slice), for the "
-           "step guard.")
-
-
-def _ref_sumsq_partials(args: Sequence[Any], node: Node) -> Any:
-    np = _np()
-    width = node.shape[0]
-    out = np.zeros(width, dtype=np.float64)
-    for x in args:
-        flat = np.asarray(x, np.float64).reshape(-1)
-        padded = np.zeros(-(-flat.size // width) * width)
-        padded[:flat.size] = flat
-        out += (padded.reshape(-1, width) ** 2).sum(axis=0)
-    return out.astype(args[0].dtype)
-
-
-def _emit_sumsq_partials(ctx: EmitContext) -> Kernel:
-    width = ctx.node.shape[0]
-    lines = ["  var acc = 0.0f;"]
-    for k, node in enumerate(ctx.inputs):
-        lines.append(f"  for (var e = i; e < {w.u(node.size)}; e = e + {w.u(width)}) "
-                     f"{{ let x = in{k}[e]; acc = acc + x * x; }}")
-    lines.append("  out[i] = acc;")
-    return w.thread_kernel(ctx, "\n".join(lines), width)
-
-
-define("sumsq_partials", infer=_infer_partials, ref=_ref_sumsq_partials, vjp=GRAD_ERROR,
-       emit=_emit_sumsq_partials,
-       doc="Partial sums of squares of several tensors (1 per interleaved slice): the first "
-           "stage of a parallel gradient norm.")
-
-
-def sumsq_total(xs: Sequence[Tensor]) -> Tensor:
-    """Σ x² over all of `xs` (0-d), in parallel: interleaved partial sums, then their sum."""
-    partials = [record("sumsq_partials", list(xs[k:k + MAX_GUARD_INPUTS]))
-                for k in range(0, len(xs), MAX_GUARD_INPUTS)]
-    from .reduce import sum as reduce_sum
-
-    return grad_norm_total([(reduce_sum(p), "raw") for p in partials])
-
-
-def _infer_step_ok(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
-    roles = tuple(attrs.get("roles", ()))
-    if len(roles) != len(inputs) or not 1 <= len(inputs) <= MAX_GUARD_INPUTS:
-        raise ShapeError("step_ok", f"expected 1..{MAX_GUARD_INPUTS} inputs with one role "
-                         f"each, got {len(inputs)} inputs and roles {list(roles)}")
-    for role, node in zip(roles, inputs):
-        if role not in ("loss", "flags", "acc") or node.dtype != "f32":
-            raise ShapeError("step_ok", f"inputs are a 0-d 'loss', 'flags' or a 0-d 'acc' "
-                             f"(f32), got {role!r} {node.dtype}{list(node.shape)}")
-        if role != "flags" and node.shape != ():
-            raise ShapeError("step_ok", f"input '{role}' must be 0-d, got "
-                             f"{list(node.shape)}")
-    return (), "f32"
-
-
-def _ref_step_ok(args: Sequence[Any], node: Node) -> Any:
-    np = _np()
-    ok = True
-    for role, x in zip(node.attrs["roles"], args):
-        if role == "loss":
-            ok = ok and bool(np.isfinite(x))
-        else:
-            ok = ok and bool(np.all(np.asarray(x) > 0.5))
-    return np.asarray(1.0 if ok else 0.0, dtype=args[0].dtype)
-
-
-def _emit_step_ok(ctx: EmitContext) -> Kernel:
-    lines = ["  var ok = true;"]
-    for k, (role, node) in enumerate(zip(ctx.node.attrs["roles"], ctx.inputs)):
-        if role == "loss":
-            lines.append(f"  if (lid == 0u && nonfinite(in{k}[0])) {{ ok = false; }}")
-        else:
-            lines.append(f"  for (var e = lid; e < {w.u(node.size)}; e = e + {w.u(w.WG)}) "
-                         f"{{ ok = ok && in{k}[e] > 0.5f; }}")
-    lines += ["  scratch[lid] = select(0.0f, 1.0f, ok);", "  workgroupBarrier();",
-              f"  for (var s = {w.u(w.WG // 2)}; s > 0u; s = s >> 1u) {{",
-              "    if (lid < s) { scratch[lid] = min(scratch[lid], scratch[lid + s]); }",
-              "    workgroupBarrier();", "  }", "  if (lid == 0u) { out[0] = scratch[0]; }"]
-    prelude = f"var<workgroup> scratch: array<f32, {w.WG}>;\n{NONFINITE_WGSL}"
-    return w.workgroup_kernel(ctx, "\n".join(lines), 1, prelude=prelude)
-
-
-define("step_ok", infer=_infer_step_ok, ref=_ref_step_ok, vjp=GRAD_ERROR, emit=_emit_step_ok,
-       doc="1 when the loss is finite and every partial flag is 1 (the step may update), "
-           "else 0.")
-
-
-def step_ok(loss: Tensor, grads: Sequence[Tensor]) -> Tensor:
-    """The step guard: a 0-d f32, 1 when `loss` and every gradient are finite, else 0."""
-    flags = [record("finite_partials", list(grads[k:k + MAX_GUARD_INPUTS]))
-             for k in range(0, len(grads), MAX_GUARD_INPUTS)]
-    return guard(loss, flags)
-
-
-def guard(loss: Tensor, flags: Sequence[Tensor]) -> Tensor:
-    """The step guard from partial flags (``finite_partials``, ``update_partials``): a 0-d
-    f32, 1 when `loss` is finite and every flag is 1, else 0 (chained 7 inputs per node)."""
-    flags = list(flags)
-    acc, roles, inputs = None, ["loss"], [loss]
-    while True:
-        room = MAX_GUARD_INPUTS - len(inputs)
-        chunk, flags = flags[:room], flags[room:]
-        acc = record("step_ok", [*inputs, *chunk], roles=(*roles, *["flags"] * len(chunk)))
-        if not flags:
-            return acc
-        inputs, roles = [acc], ["acc"]
-
-
-def _ok_ref(args: Sequence[Any], node: Node, new: Any, old_role: str) -> Any:
-    """`new` where the step guard says ok (or there is none), else the old value."""
-    r = _roles(node)
-    if "ok" not in r:
-        return new
-    return _np().where(args[r["ok"]] > 0.5, new, args[r[old_role]]).astype(new.dtype)
-
-
-def _ok_wgsl(node: Node, new: str, old: str) -> str:
-    """WGSL for the value to write: `new`, or `old` when the step guard says no."""
-    r = _roles(node)
-    return new if "ok" not in r else f"select({old}, {new}, in{r['ok']}[0] > 0.5f)"
-
-
-# ---- grad_sumsq --------------------------------------------------------------------------
-
-def _infer_sumsq(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
-    (g,) = inputs
-    if g.dtype != "f32":
-        raise ShapeError("grad_sumsq", f"input must be f32, got {g.dtype}{list(g.shape)}")
-    return (), "f32"
-
-
-def _emit_sumsq(ctx: EmitContext) -> Kernel:
-    n = ctx.inputs[0].size
-    if w.use_workgroup_reduce(ctx, 1, n):
-        body = f"""  var part = 0.0f;
-  for (var r = lid; r < {w.u(n)}; r = r + {w.u(w.WG)}) {{ let x = in0[r]; part = part + x * x; }}
-  scratch[lid] = part;
-  workgroupBarrier();
-  for (var s = {w.u(w.WG // 2)}; s > 0u; s = s >> 1u) {{
-    if (lid < s) {{ scratch[lid] = scratch[lid] + scratch[lid + s]; }}
-    workgroupBarrier();
-  }}
-  if (lid == 0u) {{ out[0] = scratch[0]; }}"""
-        return w.workgroup_kernel(ctx, body, 1,
-                                  prelude=f"var<workgroup> scratch: array<f32, {w.WG}>;")
-    body = f"""  var acc = 0.0f;
-  for (var r = 0u; r < {w.u(n)}; r = r + 1u) {{ let x = in0[r]; acc = acc + x * x; }}
-  out[0] = acc;"""
-    return w.thread_kernel(ctx, body, 1)
-
-
-define("grad_sumsq", infer=_infer_sumsq,
-       ref=lambda args, node: _np().sum(args[0] * args[0]),
-       vjp=GRAD_ERROR, emit=_emit_sumsq,
-       doc="Sum of squares of a gradient (0-d); one workgroup, or one thread when short.")
-
-
-def grad_sumsq(g: Tensor) -> Tensor:
-    """Σ g² as a 0-d tensor."""
-    return record("grad_sumsq", [g])
-
-
-# ---- grad_norm_total ---------------------------------------------------------------------
-
-TOTAL_ROLES = ("acc", "raw", "normalized")
-
-
-def _infer_total(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
-    roles = tuple(attrs.get("roles", ()))
-    if not inputs or len(inputs) > MAX_TOTAL_INPUTS or len(roles) != len(inputs):
-        raise ShapeError("grad_norm_total", f"expected 1..{MAX_TOTAL_INPUTS} inputs with one "
-                         f"role each, got {len(inputs)} inputs and roles {list(roles)}")
-    for role, node in zip(roles, inputs):
-        if role not in TOTAL_ROLES:
-            raise ShapeError("grad_norm_total", f"unknown role {role!r} (known: "
-                             f"{list(TOTAL_ROLES)})")
-        if node.dtype != "f32" or node.shape != ():
-            raise ShapeError("grad_norm_total", f"inputs must be 0-d f32, got {node.dtype}"
-                             f"{list(node.shape)}")
-    return (), "f32"
-
-
-def _total_term(role: str, x: Any) -> Any:
-    if role == "normalized":
-        return x / (_np().sqrt(x) + NORMALIZE_EPS) ** 2
-    return x
-
-
-def _ref_total(args: Sequence[Any], node: Node) -> Any:
-    terms = [_total_term(role, x) for role, x in zip(node.attrs["roles"], args)]
-    out = terms[0]
-    for t in terms[1:]:
-        out = out + t
-    return out
-
-
-def _emit_total(ctx: EmitContext) -> Kernel:
-    lines, terms = [], []
-    for k, role in enumerate(ctx.node.attrs["roles"]):
-        lines.append(f"  let s{k} = in{k}[0];")
-        if role == "normalized":
-            lines.append(f"  let d{k} = sqrt(s{k}) + {w.lit(NORMALIZE_EPS)};")
-            terms.append(f"s{k} / (d{k} * d{k})")
-        else:
-            terms.append(f"s{k}")
-    body = "\n".join(lines) + f"\n  out[0] = {' + '.join(terms)};"
-    return w.thread_kernel(ctx, body, 1)
-
-
-define("grad_norm_total", infer=_infer_total, ref=_ref_total, vjp=GRAD_ERROR,
-       emit=_emit_total,
-       doc="Sum of 0-d sums of squares (normalized ones rescaled), for global clipping.")
-
-
-def grad_norm_total(terms: Sequence[tuple[Tensor, str]]) -> Tensor:
-    """The global Σ g² over `(sum of squares, role)` pairs, chained 7 inputs per node."""
-    if not terms:
-        raise ValueError("grad_norm_total needs at least one term")
-    acc: Tensor | None = None
-    rest = list(terms)
-    while rest:
-        room = MAX_TOTAL_INPUTS - (acc is not None)
-        chunk, rest = rest[:room], rest[room:]
-        if acc is None and len(chunk) == 1 and chunk[0][1] == "raw":
-            acc = chunk[0][0]
-            continue
-        tensors = ([acc] if acc is not None else []) + [t for t, _ in chunk]
-        roles = (("acc",) if acc is not None else ()) + tuple(r for _, r in chunk)
-        acc = record("grad_norm_total", tensors, roles=roles)
-    return acc  # type: ignore[return-value]
 
 
 # ---- Adam --------------------------------------------------------------------------------
@@ -433,7 +160,7 @@ def grad_norm_total(terms: Sequence[tuple[Tensor, str]]) -> Tensor:
 ADAM_PARTS = ("mv", "m", "v")
 
 
-def _infer_moments(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_moments(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     op = "adam_moments"
     by = _check_inputs(op, inputs, attrs, ("state", "g"), (*SCALE_ROLES, *GUARD_ROLES))
     part = attrs.get("part")
@@ -474,12 +201,12 @@ def _ref_moments(args: Sequence[Any], node: Node) -> Any:
 # kernels and the step guard's trial of them (ops/update_check.py): both compute the same
 # text, so the trial sees the values the update would write.
 
-def adam_m_wgsl(attrs: dict[str, Any], m: str, g: str) -> str:
+def adam_m_wgsl(attrs: Attrs, m: str, g: str) -> str:
     """m' = b1 m + (1 - b1) g (g already scaled)."""
     return f"{w.lit(attrs['beta1'])} * {m} + {w.lit(1.0 - attrs['beta1'])} * {g}"
 
 
-def adam_v_wgsl(attrs: dict[str, Any], v: str, g: str) -> str:
+def adam_v_wgsl(attrs: Attrs, v: str, g: str) -> str:
     """v' = b2 v + (1 - b2) g²."""
     return f"{w.lit(attrs['beta2'])} * {v} + {w.lit(1.0 - attrs['beta2'])} * ({g} * {g})"
 
@@ -490,7 +217,7 @@ def adam_p_wgsl(p: str, m: str, v: str, lrt: str, eps: float, shrink: str | None
     return f"{s}{p} - {lrt} * {m} / (sqrt({v}) + {w.lit(eps)})"
 
 
-def sgd_wgsl(attrs: dict[str, Any], p: str, g: str, v: str | None, lr: str
+def sgd_wgsl(attrs: Attrs, p: str, g: str, v: str | None, lr: str
              ) -> tuple[str | None, str]:
     """(v' or None, p') of SGD from the effective gradient `g` (scaled, decay added) and the
     old velocity `v` (None without momentum): v' = mu v + g; p' = p - lr u with u = g, v', or
@@ -537,7 +264,7 @@ def adam_moments(state: Tensor, g: Tensor, part: str, beta1: float, beta2: float
                   beta1=float(beta1), beta2=float(beta2), clip=clip)
 
 
-def _infer_adam_p(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_adam_p(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     op = "adam_update_p"
     by = _check_inputs(op, inputs, attrs, ("p", "lrt"), ("mv", "m", "v", "shrink", "ok"))
     p = by["p"].shape
@@ -592,18 +319,19 @@ def adam_update_p(p: Tensor, moments: Sequence[Tensor], lrt: Tensor, eps: float,
                   shrink: Tensor | None = None, ok: Tensor | None = None) -> Tensor:
     """The new param from the new moments (one packed [2, ...] tensor, or m and v); the old
     param where the step guard `ok` is 0."""
-    roles = ("mv",) if len(moments) == 1 else ("m", "v")
+    roles: tuple[str, ...] = ("mv",) if len(moments) == 1 else ("m", "v")
     inputs, extra = [p, *moments, lrt], ("lrt",)
+    extra_roles: tuple[str, ...] = extra
     for t, role in ((shrink, "shrink"), (ok, "ok")):
         if t is not None:
             inputs.append(t)
-            extra += (role,)
-    return record("adam_update_p", inputs, roles=("p", *roles, *extra), eps=float(eps))
+            extra_roles += (role,)
+    return record("adam_update_p", inputs, roles=("p", *roles, *extra_roles), eps=float(eps))
 
 
 # ---- SGD ---------------------------------------------------------------------------------
 
-def _check_sgd_attrs(op: str, by: dict[str, Node], attrs: dict[str, Any]) -> None:
+def _check_sgd_attrs(op: str, by: dict[str, Node], attrs: Attrs) -> None:
     mu, wd = attrs.get("momentum", 0.0), attrs.get("weight_decay", 0.0)
     if mu < 0 or wd < 0:
         raise ShapeError(op, f"momentum {mu!r} and weight_decay {wd!r} must be >= 0")
@@ -623,7 +351,7 @@ def _g_eff_wgsl(node: Node) -> str:
     return f"{_wgsl_scale(node)}\n  let g = in{r['g']}[i] * gs{decay};"
 
 
-def _infer_velocity(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_velocity(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     op = "sgd_velocity"
     by = _check_inputs(op, inputs, attrs, ("v", "g"), ("p", *SCALE_ROLES, *GUARD_ROLES))
     _same_shape(op, by, "v", "g", "p")
@@ -652,7 +380,7 @@ define("sgd_velocity", infer=_infer_velocity, ref=_ref_velocity, vjp=GRAD_ERROR,
        doc="SGD momentum buffer v' = μ·v + g_eff (g_eff = scaled g + wd·p).")
 
 
-def _infer_sgd_p(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_sgd_p(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     op = "sgd_update_p"
     by = _check_inputs(op, inputs, attrs, ("p", "lr"), ("g", "v", *SCALE_ROLES, *GUARD_ROLES))
     _same_shape(op, by, "p", "g", "v")

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.torchexpr as tx
@@ -20,18 +21,18 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .broadcast import broadcast_to
 from .elementwise import exp, mul_scalar, neg
-from .registry import GRAD_ERROR, NO_GRAD, Stitch, define, public, record
+from .registry import GRAD_ERROR, NO_GRAD, InferFn, Stitch, define, public, record
 from .rules import normalize_axis, require_dtype
 from .shape import move_to_last, reshape, swap_axes
 
 MAX_INIT = -1e30  # the running max starts here (log-softmax, causal softmax)
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
@@ -53,8 +54,9 @@ def _tree(combine: str, team: int = w.WG) -> str:
   }}"""
 
 
-def _infer_last(op: str, keep: bool, out_dtype: str = "f32", square: bool = False):
-    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_last(op: str, keep: bool, out_dtype: DType = "f32", square: bool = False
+                ) -> InferFn:
+    def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         (a,) = inputs
         require_dtype(op, a, "f32")
         if not a.shape:
@@ -84,7 +86,7 @@ def _emit_mean_last(ctx: EmitContext) -> Kernel:
                            finalize=f"acc / {w.lit(float(length))}")
 
 
-def _infer_mean_last(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_mean_last(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     shape, dtype = _infer_last("mean_last", keep=True)(inputs, attrs)
     return (*shape[:-1], 1), dtype
 
@@ -367,8 +369,8 @@ def _emit_softmax_causal_grad(ctx: EmitContext) -> Kernel:
                       "out[base + j] = (in1[base + j] - t) * in0[base + j];")
 
 
-def _infer_row_grad(op: str):
-    def infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_row_grad(op: str) -> InferFn:
+    def infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
         out, dy = inputs
         for what, node in (("out", out), ("dy", dy)):
             require_dtype(op, node, "f32", what=what)
@@ -379,12 +381,12 @@ def _infer_row_grad(op: str):
     return infer
 
 
-def _vjp_log_softmax(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list[Tensor]:
+def _vjp_log_softmax(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs) -> list[Tensor]:
     return [record("log_softmax_last_grad", [out, dy])]
 
 
 def _vjp_softmax_causal(ins: Sequence[Tensor], out: Tensor, dy: Tensor,
-                        at: dict) -> list[Tensor]:
+                        at: Attrs) -> list[Tensor]:
     return [record("softmax_causal_last_grad", [out, dy])]
 
 
@@ -451,7 +453,7 @@ def softmax_causal(x: Tensor, axis: int = -1) -> Tensor:
 
 # ---- where_causal ----------------------------------------------------------------------
 
-def _infer_where_causal(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_where_causal(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,) = inputs
     require_dtype("where_causal", a, "f32")
     if len(a.shape) < 2 or a.shape[-1] != a.shape[-2]:

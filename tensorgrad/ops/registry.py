@@ -10,21 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..codegen.torchexpr import TorchFn
 from ..codegen.wgsl import elementwise
 from ..errors import ShapeError, TraceError, user_call_site
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor, current_trace
 
 # infer(inputs, attrs) -> (shape, dtype); raises ShapeError on bad input.
-InferFn = Callable[[Sequence[Node], dict[str, Any]], tuple[Shape, str]]
+InferFn = Callable[[Sequence[Node], Attrs], tuple[Shape, DType]]
 # ref(values, node) -> value, with numpy arrays; float inputs may be float32 or float64.
 RefFn = Callable[[Sequence[Any], Node], Any]
 # vjp(inputs, out, dy, attrs) -> one cotangent Tensor (or None) per input.
-VjpFn = Callable[[Sequence[Tensor], Tensor, Tensor, dict[str, Any]], Sequence[Tensor | None]]
+VjpFn = Callable[[Sequence[Tensor], Tensor, Tensor, Attrs], Sequence[Tensor | None]]
 EmitFn = Callable[[EmitContext], Kernel]
 # view(node, input) -> the byte offset at which the node's output lies in input 0's bytes, or
 # None when, for these shapes, it does not (then the op's kernel runs).
@@ -125,7 +125,10 @@ def record(op: str, inputs: Sequence[Tensor], **attrs: Any) -> Tensor:
     return Tensor(state.graph, node.id)
 
 
-def public(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Register a user-facing op function under its own name."""
+OpFunction = TypeVar("OpFunction", bound=Callable[..., Any])
+
+
+def public(fn: OpFunction) -> OpFunction:
+    """Register a user-facing op function under its own name (its signature unchanged)."""
     PUBLIC[fn.__name__] = fn
     return fn

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import DType, Node, Shape
 
 
 def broadcast_shapes(op: str, *shapes: Shape) -> Shape:
@@ -25,7 +25,7 @@ def broadcast_shapes(op: str, *shapes: Shape) -> Shape:
     return tuple(out)
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """Whether `value` is a Python int (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -36,14 +36,14 @@ def is_finite_number(value: Any) -> bool:
             and math.isfinite(value))
 
 
-def require_dtype(op: str, node: Node, *dtypes: str, what: str = "input") -> None:
+def require_dtype(op: str, node: Node, *dtypes: DType, what: str = "input") -> None:
     if node.dtype not in dtypes:
         want = " or ".join(dtypes)
         raise ShapeError(op, f"{what} must be {want}, got {node.dtype} "
                          f"(shape {list(node.shape)})")
 
 
-def same_dtype(op: str, nodes: Sequence[Node]) -> str:
+def same_dtype(op: str, nodes: Sequence[Node]) -> DType:
     dtypes = {n.dtype for n in nodes}
     if len(dtypes) != 1:
         described = ", ".join(f"{n.dtype}{list(n.shape)}" for n in nodes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import prod
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.torchexpr as tx
@@ -16,7 +17,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, define, public, record
 from .rules import flip_triangle, is_int, normalize_axis, same_dtype, same_last_two
@@ -24,7 +25,7 @@ from .rules import flip_triangle, is_int, normalize_axis, same_dtype, same_last_
 MAX_CONCAT_INPUTS = 7  # 7 inputs + 1 output = 8 storage buffers per kernel
 
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
@@ -58,7 +59,7 @@ def resolve_shape(op: str, src: Shape, shape: Sequence[int]) -> Shape:
     return shape
 
 
-def _infer_reshape(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_reshape(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,) = inputs
     return resolve_shape("reshape", a.shape, attrs["shape"]), a.dtype
 
@@ -105,7 +106,7 @@ def _check_perm(op: str, perm: Sequence[int], shape: Shape) -> tuple[int, ...]:
     return perm
 
 
-def _infer_permute(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_permute(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,) = inputs
     perm = _check_perm("permute", attrs["perm"], a.shape)
     return tuple(a.shape[p] for p in perm), a.dtype
@@ -210,7 +211,7 @@ def _check_range(op: str, shape: Shape, axis: int, start: int, end: int) -> None
                          f"{axis} of size {shape[axis]} (shape {list(shape)})")
 
 
-def _infer_slice(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_slice(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,) = inputs
     axis = normalize_axis("slice_range", attrs["axis"], len(a.shape))
     _check_range("slice_range", a.shape, axis, attrs["start"], attrs["end"])
@@ -263,7 +264,7 @@ define("slice_range", infer=_infer_slice, ref=_ref_slice,
            "256-byte aligned.")
 
 
-def _infer_scatter(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_scatter(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     (a,) = inputs
     shape = tuple(attrs["shape"])
     axis = normalize_axis("scatter_axis", attrs["axis"], len(shape))
@@ -336,9 +337,9 @@ def split(x: Tensor, sizes: Sequence[int] | int, axis: int = 0) -> list[Tensor]:
     axis = normalize_axis("split", axis, x.ndim)
     dim = x.shape[axis]
     if is_int(sizes):
-        if sizes <= 0:  # type: ignore[operator]
+        if sizes <= 0:
             raise ShapeError("split", f"split size must be a positive int, got {sizes}")
-        sizes = [min(sizes, dim - s) for s in range(0, dim, sizes)]  # type: ignore[arg-type]
+        sizes = [min(sizes, dim - s) for s in range(0, dim, sizes)]
     sizes = list(sizes)  # type: ignore[arg-type]
     if not sizes or any(not is_int(s) or s <= 0 for s in sizes) or \
             sum(sizes) != dim:
@@ -363,7 +364,7 @@ def _check_concat(op: str, shapes: Sequence[Shape], axis: int) -> None:
             raise ShapeError(op, f"shapes must match except on axis {axis}, got {listed}")
 
 
-def _infer_concat(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_concat(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     if not 1 <= len(inputs) <= MAX_CONCAT_INPUTS:
         raise ShapeError("concat", f"the primitive takes 1..{MAX_CONCAT_INPUTS} inputs, got "
                          f"{len(inputs)}")
@@ -375,7 +376,7 @@ def _infer_concat(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape,
     return tuple(shape), dtype
 
 
-def _vjp_concat(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list[Tensor]:
+def _vjp_concat(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs) -> list[Tensor]:
     grads, offset = [], 0
     for t in ins:
         size = t.shape[at["axis"]]

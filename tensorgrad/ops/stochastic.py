@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import tensorgrad.codegen.torchexpr as tx
@@ -27,7 +28,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor, next_salt, prng_seed
 from .registry import NO_GRAD, define, public, record
 from .rules import check_dims, normalize_axis, require_dtype
@@ -65,7 +66,7 @@ def salt_constant(salt: int) -> int:
 
 # ---- NumPy twin of the hash ------------------------------------------------------------
 
-def _np():
+def _np() -> ModuleType:
     import numpy as np
     return np
 
@@ -102,7 +103,7 @@ def _scale(p: float) -> float:
     return 1.0 / (1.0 - p)
 
 
-def _infer_dropout(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_dropout(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     x, seed = inputs
     require_dtype("dropout", x, "f32")
     require_dtype("dropout", seed, "i32", what="seed")
@@ -124,7 +125,8 @@ def _emit_dropout(ctx: EmitContext) -> Kernel:
     return w.thread_kernel(ctx, body, prelude=HASH_WGSL)
 
 
-def _vjp_dropout(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: dict) -> list:
+def _vjp_dropout(ins: Sequence[Tensor], out: Tensor, dy: Tensor, at: Attrs
+                 ) -> list[Tensor | None]:
     return [record("dropout", [dy, ins[1]], p=at["p"], salt=at["salt"]), None]
 
 
@@ -153,7 +155,7 @@ def dropout(x: Tensor, p: float) -> Tensor:
 
 # ---- randn -----------------------------------------------------------------------------
 
-def _infer_randn(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_randn(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     require_dtype("randn", inputs[0], "i32", what="seed")
     return tuple(attrs["shape"]), "f32"
 
@@ -196,7 +198,7 @@ def randn(shape: Sequence[int]) -> Tensor:
 
 # ---- categorical -----------------------------------------------------------------------
 
-def _infer_categorical(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_categorical(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     logits, seed = inputs
     require_dtype("categorical", logits, "f32", what="logits")
     require_dtype("categorical", seed, "i32", what="seed")

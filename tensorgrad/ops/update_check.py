@@ -28,16 +28,17 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Node, Shape
+from ..ir import Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from . import optim_ops as oo
+from . import step_guard as sg
 from .registry import GRAD_ERROR, define, record
 
 RULES = {"adam": ("mv", "m", "v"), "sgd": ("v",)}
 SCALARS = ("lr", "shrink", "gnorm", "gtotal")
 
 
-def _infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     op = "update_partials"
     rule = attrs.get("rule")
     if rule not in RULES:
@@ -63,11 +64,11 @@ def _infer(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
 def new_values(args: Sequence[Any], node: Node) -> dict[str, Any]:
     """{name: array} of what the update would write (NumPy, the node's float dtype): the
     gradient "g", then "m", "v" (Adam) or "v" (SGD with momentum), then "p" (if checked)."""
-    np = oo._np()
-    r, a = oo._roles(node), node.attrs
+    np = sg._np()
+    r, a = sg._roles(node), node.attrs
     g0 = args[r["g"]]
     gs = oo._ref_scale(args, node)
-    p = args[r["p"]] if "p" in r else None
+    p: Any = args[r["p"]] if "p" in r else None  # (an array, or None for no param input)
     out = {"g": g0}
     with np.errstate(all="ignore"):
         if a["rule"] == "adam":
@@ -90,7 +91,7 @@ def new_values(args: Sequence[Any], node: Node) -> dict[str, Any]:
 
 
 def _ref(args: Sequence[Any], node: Node) -> Any:
-    np = oo._np()
+    np = sg._np()
     width = node.shape[0]
     ok = np.ones(width, dtype=bool)
     for x in new_values(args, node).values():
@@ -102,7 +103,7 @@ def _ref(args: Sequence[Any], node: Node) -> Any:
 
 
 def _emit(ctx: EmitContext) -> Kernel:
-    r, a = oo._roles(ctx.node), ctx.node.attrs
+    r, a = sg._roles(ctx.node), ctx.node.attrs
     n, width = ctx.inputs[r["g"]].size, ctx.node.shape[0]
 
     def at(role: str, offset: int = 0) -> str:
@@ -129,7 +130,7 @@ def _emit(ctx: EmitContext) -> Kernel:
             lines += [f"    let vn = {vn};", "    bad = bad || nonfinite(vn);"]
         lines += [f"    let pn = {pn};", "    bad = bad || nonfinite(pn);"]
     lines += ["  }", "  out[i] = select(1.0f, 0.0f, bad);"]
-    return w.thread_kernel(ctx, "\n".join(lines), width, prelude=oo.NONFINITE_WGSL)
+    return w.thread_kernel(ctx, "\n".join(lines), width, prelude=sg.NONFINITE_WGSL)
 
 
 define("update_partials", infer=_infer, ref=_ref, vjp=GRAD_ERROR, emit=_emit,
@@ -138,7 +139,7 @@ define("update_partials", infer=_infer, ref=_ref, vjp=GRAD_ERROR, emit=_emit,
 
 
 def update_partials(rule: str, p: Tensor, g: Tensor, states: Sequence[tuple[str, Tensor]],
-                    scalars: Sequence[tuple[str, Tensor | None]], attrs: dict[str, Any],
+                    scalars: Sequence[tuple[str, Tensor | None]], attrs: Attrs,
                     params: Sequence[tuple[str, int, int]], max_inputs: int = 7) -> Tensor:
     """The trial of one update (`rule` "adam" | "sgd"): `states` are (role, old state)
     pairs, `scalars` (role, 0-d tensor or None) pairs of SCALARS, `attrs` the update's own

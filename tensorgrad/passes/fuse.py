@@ -22,7 +22,7 @@ from typing import Any
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..codegen.program import emit_program
-from ..ir import LEAF_OPS, FusedProgram, Graph, Node, Shape
+from ..ir import LEAF_OPS, Attrs, DType, FusedProgram, Graph, Node, Shape
 from ..ops.registry import GRAD_ERROR, OPS, define
 
 MAX_GROUP_OPS = 64
@@ -192,7 +192,7 @@ def drop_unread(out: Graph, remap: dict[int, int], protected: set[int]
 
 # ---- the `fused` op ---------------------------------------------------------------------
 
-def _infer_fused(inputs: Sequence[Node], attrs: dict[str, Any]) -> tuple[Shape, str]:
+def _infer_fused(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
     last = attrs["program"].nodes[-1]
     return last.shape, last.dtype
 

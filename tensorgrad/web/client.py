@@ -38,7 +38,7 @@ import inspect
 import sys
 from collections.abc import Callable, Mapping
 from math import prod
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from ..errors import RemoteError, remote_error
 from ..gpu import WebGPUSupport, in_pyodide
@@ -47,13 +47,17 @@ from ..results import Aborted, Captures, Completed, Failed, Result
 from .convert import flat_buffer, from_js, plain, to_js_value
 from .protocol import check_payload
 
+if TYPE_CHECKING:
+    from ..ir import DType
+
 __all__ = ["RemoteForward", "RemoteTraining", "Session", "check_webgpu", "start"]
 
 ProgressCallback = Callable[[dict[str, Any]], Any]
 PostCallback = Callable[[Any], Any]
 
 # JS typed-array element formats → tensorgrad dtypes (what the worker's buffers hold).
-_DTYPE_OF_FORMAT = {"f": "f32", "i": "i32", "l": "i32", "I": "bool", "L": "bool"}
+_DTYPE_OF_FORMAT: dict[str, DType] = {"f": "f32", "i": "i32", "l": "i32", "I": "bool",
+                                      "L": "bool"}
 _FORMAT_OF_DTYPE = {"f32": "f", "i32": "i", "bool": "I"}
 
 

@@ -25,7 +25,7 @@ _TYPED_ARRAY_FORMATS = {"f": 4, "d": 8, "i": 4, "I": 4, "l": 4, "L": 4, "h": 2, 
 def flat_buffer(data: Any) -> memoryview:
     """A flat, C-contiguous memoryview of any buffer-protocol object, keeping its item format."""
     mv = data if isinstance(data, memoryview) else memoryview(data)
-    fmt = mv.format.lstrip("@=<")
+    fmt: Any = mv.format.lstrip("@=<")  # (a str; memoryview.cast's stubs name literals)
     if mv.ndim != 1 or fmt != mv.format:
         mv = mv.cast("B").cast(fmt) if mv.c_contiguous else memoryview(mv.tobytes()).cast(fmt)
     return mv
@@ -88,7 +88,7 @@ def error_info(exc: BaseException) -> dict[str, str]:
 
 def _array_fields(value: Any) -> tuple[memoryview, list[int]]:
     mv = value if isinstance(value, memoryview) else memoryview(value)
-    return flat_buffer(mv), list(mv.shape)
+    return flat_buffer(mv), list(mv.shape or ())
 
 
 def result_message(result: Completed | Aborted | Failed) -> dict[str, Any]:

@@ -57,7 +57,7 @@ async def import_source(name: str, url: str, local_path: str | Path) -> ModuleTy
     inside Pyodide, read from `local_path` natively. The module is put in `sys.modules`."""
     path = Path(local_path)
     if in_pyodide():
-        from pyodide.http import pyfetch  # type: ignore[import-not-found]
+        from pyodide.http import pyfetch
 
         response = await pyfetch(url)
         if not response.ok:

@@ -24,7 +24,7 @@ import linecache
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .. import api, optim
 from .. import lr as lr_mod
@@ -117,7 +117,7 @@ async def dispatch(message: Any, session: Session = SESSION) -> dict[str, Any]:
         kind, payload = message.get("kind"), message.get("payload")
         check_payload(kind, payload)
         fields = {k: v for k, v in (payload or {}).items() if v is not None}
-        result = await HANDLERS[kind](fields, session)
+        result = await HANDLERS[cast(str, kind)](fields, session)  # (checked just above)
         return {"id": request_id, "ok": True, "result": result}
     except (Exception, SystemExit) as exc:  # noqa: BLE001 (every failure goes to the page)
         return {"id": request_id, "ok": False, "error": error_info(exc)}
@@ -173,7 +173,7 @@ async def run_source(source: str, namespace: dict[str, Any], filename: str | Non
         await result
     if last is None:
         return None
-    expr = compile(ast.Expression(last.value), filename, "eval", flags=flags)
+    expr = compile(ast.Expression(cast(ast.Expr, last).value), filename, "eval", flags=flags)
     value = eval(expr, namespace)
     if expr.co_flags & inspect.CO_COROUTINE:
         value = await value

@@ -403,7 +403,7 @@ def test_runtime_checks_off_is_refused_clearly_where_it_cannot_work(monkeypatch)
 
     with pytest.raises(ValueError, match=r"runtime_checks=False needs wgpu-native's trusted "
                                          r"shader modules, which the 'wgpudawn' backend"):
-        native._trusted_module_maker("wgpudawn")
+        native.trusted_module_maker("wgpudawn")
     with pytest.raises(TypeError, match=r"runtime_checks must be a bool or None, got 'no'"):
         run(native.request_native_device(runtime_checks="no"))
     monkeypatch.setenv("TENSORGRAD_RUNTIME_CHECKS", "maybe")

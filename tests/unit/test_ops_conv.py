@@ -179,5 +179,5 @@ def test_error_names_user_line() -> None:
 def test_tile_runs_split_an_axis_evenly(size, most, step, want) -> None:
     """Outputs per thread along an axis of the software kernels: a multiple of the step, as
     few runs as `most` allows, as even as possible."""
-    from tensorgrad.ops.conv import _run
+    from tensorgrad.ops.conv_tiled import _run
     assert _run(size, most, step) == want

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 import tensorgrad as tg
 from tensorgrad import ShapeError, TraceError
-from tensorgrad.ops.index import IndexBound, first_rejected, input_index_bounds, sentinel_only
+from tensorgrad.hostdata import IndexBound, first_rejected, sentinel_only
+from tensorgrad.ops.index import input_index_bounds
 from tensorgrad.ops.registry import record
 from tensorgrad.tensor import leaf, tracing
 from tests.harness import Arg, Case, build, run_reference
