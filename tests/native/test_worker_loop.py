@@ -119,8 +119,8 @@ def test_reset_restores_the_initial_params(session) -> None:
     ({"id": 3, "kind": "compile", "payload": {"model": "Tiny()", "loss": "tiny_loss",
                                               "inputs": "x", "optimizer": {"kind": "sgd",
                                                                            "lr": 0.1}}},
-     "ProtocolError", "compile: field 'inputs' must be a record {name: shape or [shape, "
-     "dtype]}, got str 'x'"),
+     "ProtocolError", ("compile: field 'inputs' must be a record {name: shape or [shape, "
+                       "dtype]}, got str 'x'")),
 ])
 def test_bad_messages_are_answered_with_the_reason(session, message, name, text) -> None:
     reply = asyncio.run(worker.dispatch(message, session))
