@@ -33,7 +33,7 @@ from .hostdata import IndexBound, first_rejected, from_bytes, sentinel_only, to_
 from .init import ParamSpec, check_spec, init_params
 from .ir import Graph, Node
 from .layout import ALIGN, arena_layout
-from .pipelines import (  # noqa: F401  (UNUSED_PIPELINES_KEPT, _pipeline_caches: as before)
+from .pipelines import (  # noqa: F401  (all stay importable from runtime, as before)
     UNUSED_PIPELINES_KEPT,
     Acquiring,
     PipelineCache,
