@@ -103,10 +103,13 @@ class PipelineCache:
 
     def abandon(self, acquiring: Acquiring) -> None:
         """Give up what :meth:`start` began: compiling pipelines dropped, references
-        released."""
-        if acquiring.pending is not None:
-            acquiring.pending.cancel()
-        self.release(acquiring.held)
+        released. Once only: a second call (a caller cleaning up after a callee that already
+        did) changes nothing."""
+        pending, acquiring.pending = acquiring.pending, None
+        held, acquiring.held = acquiring.held, []
+        if pending is not None:
+            pending.cancel()
+        self.release(held)
 
     def _ref(self, wgsl: str) -> None:
         self.refs[wgsl] = self.refs.get(wgsl, 0) + 1

@@ -109,6 +109,28 @@ def test_unused_pipelines_kept_for_reuse_are_bounded(gpu_device) -> None:
     assert now["pipelines"] - base["pipelines"] <= runtime.UNUSED_PIPELINES_KEPT, (now, base)
 
 
+def test_abandoning_a_start_twice_drops_its_references_once(gpu_device) -> None:
+    """A build that fails after its pipelines were started is abandoned by the build and
+    again by the compiler around it: the pipelines it shares with a live graph keep that
+    graph's reference (a double release would let the cache destroy them under it)."""
+    async def go() -> None:
+        train = await tg.compile(model=SoakMLP(), loss=soak_loss,
+                                 inputs={"x": (8, 4), "y": (8, 1)},
+                                 optimizer=tg.optim.Adam(lr=1e-2), device=gpu_device, seed=0)
+        cache = runtime.pipeline_cache(gpu_device)
+        exe = train._exe
+        refs = {w: cache.refs[w] for w in exe.wgsls}
+        sources = [(k.wgsl, "again") for k in exe.kernels if k.threads > 0]
+        acquiring = cache.start(sources)
+        cache.abandon(acquiring)
+        cache.abandon(acquiring)
+        assert {w: cache.refs.get(w, 0) for w in exe.wgsls} == refs
+        assert (await train.step(x=[0.5] * 32, y=[1.0] * 8)).kind == "completed"
+        train.destroy()
+
+    asyncio.run(go())
+
+
 def test_a_devices_pipeline_cache_goes_with_the_device() -> None:
     """The per-device pipeline cache holds its device weakly: once a device is destroyed and
     dropped, the device and its cache (with the pipelines in it) are freed."""
