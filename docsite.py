@@ -105,13 +105,28 @@ def _entry(path: str, options: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _inherits(path: str) -> dict[str, Any]:
+    """`inherited_members` for a class with a base of tensorgrad's own that is not public
+    API (`tg.Training` and `tg.Forward` get their param members from
+    `tensorgrad.handle.Handle`): its entry shows them as its own, since the base has no
+    entry of its own."""
+    module, _, name = path.rpartition(".")
+    obj = getattr(_module(module), name, None) if module else None
+    if not inspect.isclass(obj):
+        return {}
+    public = {id(getattr(_module(m), n)) for m, names in public_names().items() for n in names}
+    hidden = [b for b in obj.__mro__[1:]
+              if b.__module__.startswith("tensorgrad") and id(b) not in public]
+    return {"inherited_members": True} if hidden else {}
+
+
 def render(page: Page) -> str:
     """The page as Markdown with mkdocstrings `:::` entries."""
     out = [f"# {page.title}", "", page.intro.strip(), ""]
     for s in page.sections:
         out += [f"## {s.heading}", ""] + ([s.text.strip(), ""] if s.text else [])
         for path in s.objects:
-            out += [_entry(path, {"heading_level": 3, **s.options}), ""]
+            out += [_entry(path, {"heading_level": 3, **s.options, **_inherits(path)}), ""]
         out += [f"{entry}\n" for entry in s.entries]
     return "\n".join(out)
 

@@ -231,5 +231,8 @@ def from_bytes(data: Any, shape: Sequence[int], dtype: str) -> Any:
 
 
 def scalar_bytes(value: float, dtype: str) -> bytes:
-    import struct
-    return struct.pack("<f" if dtype == "f32" else "<i", value)
+    """The bytes of one 0-d value the library makes itself (an optimizer's per-step scalar,
+    the PRNG seed), packed directly, without the checks of :func:`to_bytes`: a float past
+    the f32 range becomes ±inf, as :func:`to_bytes` converts one."""
+    import array
+    return array.array(_FORMATS[dtype][0], [value]).tobytes()
