@@ -187,7 +187,7 @@ class OptimizerPlan:
         """The same plan with writeback sources re-pointed through `remap` (old id → new)."""
         return replace(self, writebacks=tuple(
             wb._replace(source=remap[wb.source],
-                        dest=remap[wb.dest] if wb.kind == "node" else wb.dest)
+                        dest=remap[wb.dest] if isinstance(wb.dest, int) else wb.dest)
             for wb in self.writebacks),
                        status=None if self.status is None else remap[self.status])
 
