@@ -105,19 +105,23 @@ def _entry(path: str, options: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _hidden_base(obj: Any) -> bool:
+    """Whether `obj` is a class with a base of tensorgrad's own that is not public API (so
+    has no entry of its own): `tg.Training` and `tg.Forward` (`tensorgrad.handle.Handle`),
+    `tg.optim.Adam` and `AdamW` (their shared update)."""
+    if not inspect.isclass(obj):
+        return False
+    public = {id(getattr(_module(m), n)) for m, names in public_names().items() for n in names}
+    return any(b.__module__.startswith("tensorgrad") and id(b) not in public
+               for b in obj.__mro__[1:])
+
+
 def _inherits(path: str) -> dict[str, Any]:
-    """`inherited_members` for a class with a base of tensorgrad's own that is not public
-    API (`tg.Training` and `tg.Forward` get their param members from
-    `tensorgrad.handle.Handle`): its entry shows them as its own, since the base has no
-    entry of its own."""
+    """`inherited_members` for the entry of a class with a hidden base (:func:`_hidden_base`):
+    it shows the members it inherits as its own."""
     module, _, name = path.rpartition(".")
     obj = getattr(_module(module), name, None) if module else None
-    if not inspect.isclass(obj):
-        return {}
-    public = {id(getattr(_module(m), n)) for m, names in public_names().items() for n in names}
-    hidden = [b for b in obj.__mro__[1:]
-              if b.__module__.startswith("tensorgrad") and id(b) not in public]
-    return {"inherited_members": True} if hidden else {}
+    return {"inherited_members": True} if _hidden_base(obj) else {}
 
 
 def render(page: Page) -> str:
@@ -132,9 +136,13 @@ def render(page: Page) -> str:
 
 
 def _module_page(path: str, module: str, title: str, intro: str) -> Page:
-    """A submodule's page: its docstring, then its `__all__` in order."""
-    entry = _entry(module, {"members": list(_module(module).__all__), "heading_level": 2,
-                            "show_root_heading": True, "show_root_toc_entry": False})
+    """A submodule's page: its docstring, then its `__all__` in order (with inherited
+    members where a class has a hidden base)."""
+    names = list(_module(module).__all__)
+    inherits = any(_hidden_base(getattr(_module(module), n)) for n in names)
+    entry = _entry(module, {"members": names, "heading_level": 2, "show_root_heading": True,
+                            "show_root_toc_entry": False,
+                            **({"inherited_members": True} if inherits else {})})
     return Page(path, title, f"{intro}\n\n{entry}", [])
 
 
