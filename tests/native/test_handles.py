@@ -122,3 +122,17 @@ def test_training_and_forward_share_one_handle_base() -> None:
     for cls in (tg.Training, tg.Forward):
         assert issubclass(cls, Handle)
         assert not set(shared) & set(vars(cls)), f"{cls.__name__} repeats {shared}"
+
+
+def test_compile_forward_refuses_a_model_that_is_no_module_as_compile_does(gpu_device) -> None:
+    """The store stage reads the params of a tg.Module only (before: an AttributeError from
+    deep inside)."""
+    from tensorgrad.errors import TraceError
+
+    async def go() -> None:
+        with pytest.raises(TraceError, match=r"^the model must be a tg\.Module instance, got "
+                           r"dict"):
+            await tg.compile_forward(model={"W": 1}, forward=lambda m, x: x,  # type: ignore
+                                     inputs={"x": (2,)}, device=gpu_device)
+
+    run(go())
