@@ -236,6 +236,14 @@ def check_seed(seed: int | None) -> int:
     return seed & _init.MASK32
 
 
+def model_params(model: Module) -> dict[str, ParamSpec]:
+    """{dotted name: ParamSpec} of `model`'s params, in param order, without tracing (what a
+    trace of it binds); TraceError when `model` is not a tg.Module."""
+    if not isinstance(model, Module):
+        raise TraceError(f"the model must be a tg.Module instance, got {type(model).__name__}")
+    return model.named_params()
+
+
 def trace_graph(model: Module, fn: Callable[..., Tensor], inputs: Mapping[str, InputSpec],
                 what: str = "loss") -> TracedGraph:
     """Trace ``fn(model, **inputs)`` (`what`: "loss" or "forward", for messages).
