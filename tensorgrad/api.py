@@ -13,7 +13,7 @@ store is made by the stages of :func:`tensorgrad.compiler.compile_graph`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .compiler import Options, Request, compile_graph
 from .forward import Forward, check_output
@@ -24,6 +24,10 @@ from .optim import OptimizerConfig
 from .tensor import Tensor
 from .trace import check_seed, normalize_inputs
 from .training import Training
+
+if TYPE_CHECKING:
+    from .ir import DType
+    from .trace import InputSpec
 
 _default_device: GPUDevice | None = None
 
@@ -36,8 +40,9 @@ async def default_device() -> GPUDevice:
     return _default_device
 
 
-async def compile(*, model: Module, loss: Callable[..., Tensor], inputs: Mapping[str, Any],
-                  optimizer: OptimizerConfig, device: GPUDevice | None = None,
+async def compile(*, model: Module, loss: Callable[..., Tensor],
+                  inputs: Mapping[str, InputSpec], optimizer: OptimizerConfig,
+                  device: GPUDevice | None = None,
                   seed: int | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
                   fuse: bool = True, tiered: bool | None = None) -> Training:
     """Trace `loss(model, **inputs)`, derive gradients, append `optimizer` and compile the
@@ -67,7 +72,7 @@ async def compile(*, model: Module, loss: Callable[..., Tensor], inputs: Mapping
 
 
 async def compile_forward(*, model: Module, forward: Callable[..., Tensor],
-                          inputs: Mapping[str, Any], output: str = "f32",
+                          inputs: Mapping[str, InputSpec], output: DType = "f32",
                           device: GPUDevice | None = None, seed: int | None = None,
                           max_cached_shapes: int = 8,
                           chunk_size: int = DEFAULT_CHUNK_SIZE, fuse: bool = True) -> Forward:

@@ -51,13 +51,14 @@ def backward(graph: Graph, seeds: Mapping[int, Tensor]) -> dict[int, Tensor]:
                 cot[node.id] = dy  # keep leaf cotangents: they are the gradients
             continue
         rule = OPS[node.op].vjp
-        if rule == NO_GRAD:
+        if isinstance(rule, str):  # NO_GRAD contributes nothing, GRAD_ERROR refuses
+            if rule == GRAD_ERROR:
+                raise ShapeError(node.op, "cannot differentiate through this op (it is a "
+                                 "backward or optimizer op)", site=node.site)
+            assert rule == NO_GRAD, rule
             continue
-        if rule == GRAD_ERROR:
-            raise ShapeError(node.op, "cannot differentiate through this op (it is a "
-                             "backward or optimizer op)", site=node.site)
         inputs = [Tensor(graph, i) for i in node.inputs]
-        grads = rule(inputs, Tensor(graph, node.id), dy, node.attrs)  # type: ignore[operator]
+        grads = rule(inputs, Tensor(graph, node.id), dy, node.attrs)
         for i, g in zip(node.inputs, grads):
             if g is None or graph[i].dtype != "f32":
                 continue

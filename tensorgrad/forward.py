@@ -16,6 +16,7 @@ from .errors import ShapeError
 from .flight import CallQueue
 from .gpu import GPUDevice
 from .handle import Handle, Shapes
+from .ir import DType, Shape
 from .module import Module
 from .results import Captures, Completed, Result
 from .runtime import Executable, ParamStore
@@ -23,7 +24,12 @@ from .tensor import Tensor
 from .trace import normalize_inputs, resolve_shapes
 
 if TYPE_CHECKING:
+    from .hostdata import InputData
+    from .trace import InputSpec
     from .training import Training
+
+Typed = dict[str, tuple[Shape, DType]]
+"""{input name: (shape, dtype)} of one compiled shape of a forward."""
 
 
 class Forward(Handle):
@@ -33,26 +39,22 @@ class Forward(Handle):
     forward's with its training's calls) run one at a time in call order."""
 
     def __init__(self, device: GPUDevice, forward: Callable[..., Tensor],
-                 inputs: Mapping[str, Any], output: str, max_cached_shapes: int,
+                 inputs: Mapping[str, InputSpec], output: DType, max_cached_shapes: int,
                  chunk_size: int, owner: Training | None = None,
                  store: ParamStore | None = None, model: Module | None = None,
                  fuse: bool = True, tiered: bool | None = None):
         check_output(output)
         dtypes = {n: d.dtype for n, d in normalize_inputs(inputs).items()}  # a clear error first
-        super().__init__(device, inputs, dtypes, chunk_size, fuse, tiered)
+        # An attached forward's runs take their turn in its training's queue (with the steps).
+        super().__init__(device, inputs, dtypes, chunk_size, fuse, tiered,
+                         owner._queue if owner is not None else CallQueue())
         self._forward = forward
         self._output = output
         self._max_cached = max(1, int(max_cached_shapes))
         self._owner = owner
         self._own_store = store
         self._own_model = model
-        self._cache: OrderedDict[str, tuple[Executable, Any]] = OrderedDict()
-        self._own_queue = CallQueue()
-
-    @property
-    def _queue(self) -> CallQueue:  # type: ignore[override]
-        """The owner's queue for an attached forward (its runs order with the steps)."""
-        return self._owner._queue if self._owner else self._own_queue
+        self._cache: OrderedDict[str, tuple[Executable, Typed]] = OrderedDict()
 
     def _live_store(self) -> ParamStore:
         store = self._owner._live_store() if self._owner else self._own_store
@@ -60,19 +62,22 @@ class Forward(Handle):
             raise RuntimeError("this forward handle was destroyed")
         return store
 
-    def _shapes(self, inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    def _shapes(self, inputs: Mapping[str, InputData]) -> dict[str, tuple[int, ...]]:
         return resolve_shapes(self._input_decls, inputs)
 
     @property
     def _model(self) -> Module:
-        return self._owner._model if self._owner else self._own_model  # type: ignore
+        if self._owner is not None:
+            return self._owner._model
+        assert self._own_model is not None  # a standalone forward is given its model
+        return self._own_model
 
     def __repr__(self) -> str:
         """One line: the model, params, inputs (None dims as None), output dtype, the shapes
         compiled so far and their kernels, the device, attached or standalone, state."""
         decls = normalize_inputs(self._input_decls)
         inputs = describe.mapping({n: describe.shape(d.shape, d.dtype) for n, d in decls.items()})
-        model = type(self._model).__name__ if self._model is not None else "?"
+        model = type(self._model).__name__
         owner = "attached to a tg.Training" if self._owner else "standalone"
         if self._destroyed:
             return f"<tg.Forward of {model}: destroyed, inputs {inputs}, {owner}>"
@@ -94,12 +99,12 @@ class Forward(Handle):
             exe.destroy()
         self._cache.clear()
 
-    def graph_for(self, **inputs: Any) -> Executable:
+    def graph_for(self, **inputs: InputData) -> Executable:
         """The executable for these inputs' shapes (compiled on first use, LRU-cached)."""
         return self._executable(resolve_shapes(self._input_decls, inputs))
 
     def _executable(self, shapes: Shapes) -> Executable:
-        typed = {n: (s, self._dtypes[n]) for n, s in shapes.items()}
+        typed: Typed = {n: (s, self._dtypes[n]) for n, s in shapes.items()}
         key = "|".join(f"{n}:{'x'.join(map(str, s))}:{d}" for n, (s, d) in sorted(typed.items()))
         hit = self._cache.get(key)
         if hit is not None:
@@ -115,7 +120,7 @@ class Forward(Handle):
             old.destroy()
         return exe
 
-    def run(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
+    def run(self, **inputs: InputData) -> Coroutine[Any, Any, Result]:
         """Run the forward (await it): Completed(output, captures), Aborted() or
         Failed(error). The inputs are checked and copied when run is called (the shape rule of
         :meth:`Training.step`; a None dim is resolved from the data's size); runs of an
@@ -133,7 +138,7 @@ class Forward(Handle):
         out, caps, _ = await exe.run(feeds)
         return Completed(output=out, captures=Captures(caps))
 
-    def output_shape(self, **inputs: Any) -> tuple[int, ...]:
+    def output_shape(self, **inputs: InputData) -> tuple[int, ...]:
         """The output's shape for these inputs (compiling for their shapes if needed)."""
         exe = self.graph_for(**inputs)
         return exe.graph[exe.output_id].shape
@@ -150,7 +155,7 @@ class Forward(Handle):
             self._own_store = None
 
 
-def check_output(output: str) -> None:
+def check_output(output: object) -> None:
     """ShapeError unless `output` (a forward's declared output dtype) is 'f32' or 'i32'."""
     if output not in ("f32", "i32"):
         raise ShapeError("forward", f"output must be 'f32' or 'i32', got {output!r}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .compiler import Options
 from .errors import AbortError, ShapeError
@@ -26,6 +26,11 @@ from .results import Aborted, Failed, Result
 from .runtime import Executable, ParamStore
 from .tensor import PRNG_SEED_INPUT
 
+if TYPE_CHECKING:
+    from .hostdata import HostArray, HostData, InputData
+    from .ir import DType
+    from .trace import InputSpec
+
 DEFAULT_CHUNK_SIZE = 32
 Shapes = Mapping[str, tuple[int, ...]]
 """{input name: shape} of one call's inputs (None dims resolved)."""
@@ -33,21 +38,20 @@ Body = Callable[[Shapes, dict[str, bytes]], Awaitable[Result]]
 """What a step or run does in its turn, with its input shapes and bytes."""
 
 
-def _snapshot(where: str, given: Mapping[str, Any], shapes: Shapes,
-              dtypes: Mapping[str, str]) -> dict[str, bytes]:
+def _snapshot(where: str, given: Mapping[str, InputData], shapes: Shapes,
+              dtypes: Mapping[str, DType]) -> dict[str, bytes]:
     """The user's inputs validated against their shapes and copied, at call time: a step or
     run queued behind others uses the data as it was when it was called. The only
     conversion of the user's data (the bytes go to the GPU as they are)."""
     out = {}
     for name, value in given.items():
-        if isinstance(value, (int, float)):
-            value = [value]
-        out[name] = bytes(to_bytes(f"input '{name}'", value, shapes[name], dtypes[name]))
+        data: HostData = [value] if isinstance(value, (int, float)) else value
+        out[name] = bytes(to_bytes(f"input '{name}'", data, shapes[name], dtypes[name]))
     return out
 
 
-def _check_user_inputs(where: str, given: Mapping[str, Any], declared: Mapping[str, Any]
-                       ) -> None:
+def _check_user_inputs(where: str, given: Mapping[str, object],
+                       declared: Mapping[str, InputSpec]) -> None:
     missing = sorted(set(declared) - set(given))
     extra = sorted(set(given) - set(declared))
     if missing or extra:
@@ -61,7 +65,7 @@ def _check_user_inputs(where: str, given: Mapping[str, Any], declared: Mapping[s
                          f"{sorted(declared)}")
 
 
-def non_finite_input(data: Mapping[str, bytes], dtypes: Mapping[str, str]) -> str:
+def non_finite_input(data: Mapping[str, bytes], dtypes: Mapping[str, DType]) -> str:
     """Which f32 input holds a NaN or Inf, if any ("" when none): looked up only after a
     failed step, so a normal step pays nothing."""
     for name, raw in data.items():
@@ -73,11 +77,11 @@ def non_finite_input(data: Mapping[str, bytes], dtypes: Mapping[str, str]) -> st
     return ""
 
 
-def scalar(x: Any) -> float:
+def scalar(x: HostArray) -> float:
     """The one value of a 0-d (or one-element) host array (numpy, or a memoryview)."""
-    if hasattr(x, "reshape"):
-        return float(x.reshape(-1)[0])
-    return float(x.tolist() if x.ndim == 0 else x[0])  # a memoryview (no numpy)
+    if isinstance(x, memoryview):  # no numpy
+        return float(x[()] if x.ndim == 0 else x[0])
+    return float(x.reshape(-1)[0])
 
 
 async def _value(result: Result) -> Result:
@@ -88,16 +92,15 @@ class Handle:
     """The base of :class:`~tensorgrad.Training` and :class:`~tensorgrad.Forward`: the
     device, the declared inputs, the call queue and what runs through it, the params.
 
-    A subclass gives its queue (`_queue`), its param store (:meth:`_live_store`, and
-    :meth:`_shown_store` for the properties) and its inputs' shapes per call
-    (:meth:`_shapes`)."""
+    A subclass gives its queue (an attached forward shares its training's), its param store
+    (:meth:`_live_store`, and :meth:`_shown_store` for the properties) and its inputs' shapes
+    per call (:meth:`_shapes`)."""
 
-    device: GPUDevice
-    _queue: CallQueue
-
-    def __init__(self, device: GPUDevice, inputs: Mapping[str, Any], dtypes: Mapping[str, str],
-                 chunk_size: int, fuse: bool, tiered: bool | None = None) -> None:
+    def __init__(self, device: GPUDevice, inputs: Mapping[str, InputSpec],
+                 dtypes: Mapping[str, DType], chunk_size: int, fuse: bool,
+                 tiered: bool | None, queue: CallQueue) -> None:
         self.device = device
+        self._queue = queue
         self._tiered = tiered
         self._input_decls = dict(inputs)
         self._dtypes = dict(dtypes)
@@ -116,7 +119,7 @@ class Handle:
         """The store the param properties describe (None: they describe none)."""
         return self._live_store()
 
-    def _shapes(self, inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    def _shapes(self, inputs: Mapping[str, InputData]) -> dict[str, tuple[int, ...]]:
         """The shapes of a call's inputs."""
         raise NotImplementedError
 
@@ -125,7 +128,7 @@ class Handle:
         return Options.for_device(self.device, fuse=self._fuse, chunk_size=self._chunk_size,
                                   store=store, tiered=self._tiered)
 
-    def _call(self, where: str, inputs: Mapping[str, Any], body: Body
+    def _call(self, where: str, inputs: Mapping[str, InputData], body: Body
               ) -> Coroutine[Any, Any, Result]:
         """Check and copy `inputs` now, then run `body(shapes, data)` in this handle's turn.
         Never raises: a bad input is a Failed, returned in call order like every result."""
@@ -183,7 +186,7 @@ class Handle:
         store = self._shown_store()
         return sum(s.size for s in store.specs.values()) if store else 0
 
-    def upload_params(self, params: Mapping[str, Any], partial: bool = False
+    def upload_params(self, params: Mapping[str, HostData], partial: bool = False
                       ) -> Coroutine[Any, Any, None]:
         """Write params {name: array} (an attached forward's go to its training's); every
         name unless `partial`. Checked and copied when called (a bad name, size or shape
@@ -207,7 +210,7 @@ class Handle:
         """The store now (None once destroyed), for a queued upload to compare with."""
         return self._live_store()
 
-    def download_params(self) -> Coroutine[Any, Any, dict[str, Any]]:
+    def download_params(self) -> Coroutine[Any, Any, dict[str, HostArray]]:
         """{name: array} of every param (after the calls made before this one)."""
         return self._queue.submit(lambda: self._live_store().download())
 

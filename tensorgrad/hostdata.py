@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     # What a read gives back for one tensor: a numpy array when numpy imports, else a
     # memoryview cast to the tensor's shape.
     HostArray: TypeAlias = NDArray[Any] | memoryview[Any]
+    # One input of a step or run as the user gives it: host data, or a Python number for an
+    # input of one element.
+    InputData: TypeAlias = HostData | float
 
 _FORMATS: dict[str, tuple[Literal["f", "i", "I"], str]] = {
     "f32": ("f", "float32"), "i32": ("i", "int32"), "bool": ("I", "uint32")}

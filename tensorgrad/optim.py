@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from . import lr as lr_mod
 from .gpu.interface import DeviceLimits
@@ -107,10 +107,10 @@ class _AdamUpdate(OptimizerConfig):
                          for n in a.grads],
                 {"beta1": self.beta1, "beta2": self.beta2, "eps": self.eps})
         for n, g in a.grads.items():
-            kw = {"beta1": self.beta1, "beta2": self.beta2, **a.scale(n)}
             moments = []
             for part, state in states[n]:
-                moments.append(oo.adam_moments(state, g, part, **kw))
+                moments.append(oo.adam_moments(state, g, part, self.beta1, self.beta2,
+                                               **a.scale(n)))
                 a.write(moments[-1], f"adam_{part}_{n}", "state")
             p_new = oo.adam_update_p(a.params[n], moments, lrt, self.eps,
                                      shrink if n in decayed else None, ok=a.ok)
@@ -222,13 +222,13 @@ class SGD(OptimizerConfig):
 
 # ---- plain data ----------------------------------------------------------------------------
 
-def to_dict(config: OptimizerConfig) -> dict[str, Any]:
+def to_dict(config: OptimizerConfig) -> dict[str, object]:
     """`config` as plain data (``{kind: "adam", lr: ..., ...}``), what the worker protocol
     carries; :func:`from_dict` reads it back."""
     return config.to_dict()
 
 
-def from_dict(data: Mapping[str, Any]) -> OptimizerConfig:
+def from_dict(data: Mapping[str, object]) -> OptimizerConfig:
     """Inverse of :meth:`to_dict` (a callable filter comes back as the marker string)."""
     kind = data.get("kind")
     if kind not in CONFIGS:

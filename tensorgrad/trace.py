@@ -26,7 +26,7 @@ from .module import Module, materialize
 from .tensor import Tensor, leaf, tracing
 
 if TYPE_CHECKING:
-    from .hostdata import HostData
+    from .hostdata import InputData
 
 __all__ = ["InputDecl", "TracedGraph", "check_seed", "normalize_inputs", "resolve_shapes",
            "trace_graph"]
@@ -130,7 +130,7 @@ def normalize_inputs(decls: Mapping[str, InputSpec], wildcards: bool = True,
     return {name: _decl(name, raw, wildcards, op) for name, raw in decls.items()}
 
 
-def resolve_shapes(decls: Mapping[str, InputSpec], arrays: Mapping[str, HostData]
+def resolve_shapes(decls: Mapping[str, InputSpec], arrays: Mapping[str, InputData]
                    ) -> dict[str, tuple[int, ...]]:
     """Concrete shapes for forward input declarations, given the data (flat or not).
 

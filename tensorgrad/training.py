@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import describe
 from .compiler import Request, compile_graph
@@ -24,7 +24,12 @@ from .results import Captures, Completed, Failed, Result
 from .runtime import Executable, ParamStore
 from .skipped import non_finite_grad, non_finite_param, non_finite_update
 from .tensor import Tensor
-from .trace import check_seed, normalize_inputs
+from .trace import InputDecl, check_seed, normalize_inputs
+
+if TYPE_CHECKING:
+    from .hostdata import HostArray, InputData
+    from .ir import DType
+    from .trace import InputSpec
 
 
 class Training(Handle):
@@ -36,26 +41,27 @@ class Training(Handle):
     them; each runs in the event loop of the thread that made it."""
 
     def __init__(self, device: GPUDevice, loss: Callable[..., Tensor],
-                 inputs: Mapping[str, Any], chunk_size: int, fuse: bool = True,
+                 inputs: Mapping[str, InputSpec], chunk_size: int, fuse: bool = True,
                  tiered: bool | None = None):
         decls = normalize_inputs(inputs, wildcards=False, op="compile")
+        # Everything that touches this training's GPU state runs in call order, one at a
+        # time (attached forwards too): an upload never lands inside a step.
         super().__init__(device, inputs, {n: d.dtype for n, d in decls.items()}, chunk_size,
-                         fuse, tiered)
+                         fuse, tiered, CallQueue())
         self._loss_fn = loss
         self._decls = decls
+        self._fixed = {n: _fixed_shape(d) for n, d in decls.items()}
         self._children: list[Forward] = []
         self._exe: Executable | None = None
         self._store: ParamStore | None = None
-        # Everything that touches this training's GPU state runs in call order, one at a
-        # time (attached forwards too): an upload never lands inside a step.
-        self._queue = CallQueue()
 
     def _build(self, model: Module, optimizer: OptimizerConfig, seed: int | None) -> None:
         seed = check_seed(seed)
         c = compile_graph(Request("training", model, self._loss_fn, self._input_decls,
                                   optimizer=optimizer, seed=seed), self._options())
         assert c.optimizer is not None
-        self._model, self._optimizer = model, optimizer
+        self._model: Module = model
+        self._optimizer: OptimizerConfig = optimizer
         self._opt: OptimizerPlan = c.optimizer
         self._grads = c.grads
         self._store, self._exe = c.store, c.executable
@@ -76,8 +82,8 @@ class Training(Handle):
     def _current_store(self) -> ParamStore | None:
         return self._store
 
-    def _shapes(self, inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        return {n: d.shape for n, d in self._decls.items()}  # type: ignore[misc]
+    def _shapes(self, inputs: Mapping[str, InputData]) -> dict[str, tuple[int, ...]]:
+        return self._fixed
 
     def _live_exe(self) -> Executable:
         if self._destroyed or self._exe is None:
@@ -133,7 +139,7 @@ class Training(Handle):
                 f"{describe.count(len(self._children), 'attached forward')}>")
 
     # -- steps ---------------------------------------------------------------------------
-    def step(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
+    def step(self, **inputs: InputData) -> Coroutine[Any, Any, Result]:
         """One forward + backward + optimizer update (await it). Returns Completed(loss,
         captures), Aborted() or Failed(error); a NaN or Inf loss is Failed.
 
@@ -196,9 +202,9 @@ class Training(Handle):
                 "(or clip gradients with clip_grad_norm)")
 
     # -- params and state ----------------------------------------------------------------
-    def download_param_grads(self) -> Coroutine[Any, Any, dict[str, Any]]:
+    def download_param_grads(self) -> Coroutine[Any, Any, dict[str, HostArray]]:
         """{name: array}: the gradients computed by the last step (zeros before any)."""
-        async def read() -> dict[str, Any]:
+        async def read() -> dict[str, HostArray]:
             names = list(self._grads)
             values = await self._live_exe().read([self._grads[n] for n in names])
             return dict(zip(names, values))
@@ -259,8 +265,8 @@ class Training(Handle):
                 old_store.destroy()
         return self._queue.submit(rebuild)
 
-    async def attach(self, forward: Callable[..., Tensor], inputs: Mapping[str, Any],
-                     output: str = "f32", max_cached_shapes: int = 8) -> Forward:
+    async def attach(self, forward: Callable[..., Tensor], inputs: Mapping[str, InputSpec],
+                     output: DType = "f32", max_cached_shapes: int = 8) -> Forward:
         """A forward graph sharing this training's param buffers; its runs take their turn
         with the steps. `inputs` may leave one dim per input as None, the same size for all
         (``{"x": (None, 1)}``): each run resolves it from the data (length / the other dims)
@@ -284,6 +290,13 @@ class Training(Handle):
         if self._store is not None:
             self._store.destroy()
         self._exe = self._store = None
+
+
+def _fixed_shape(decl: InputDecl) -> tuple[int, ...]:
+    """A training input's shape: every dim given (normalize_inputs refused a None dim)."""
+    dims = tuple(d for d in decl.shape if d is not None)
+    assert len(dims) == len(decl.shape), decl
+    return dims
 
 
 __all__ = ["Training"]

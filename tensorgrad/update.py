@@ -17,13 +17,13 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from fnmatch import fnmatchcase
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple, TypedDict
 
 from . import lr as lr_mod
 from .gpu.interface import DeviceLimits
-from .ir import Graph, Node
+from .ir import Attrs, Graph, Node
 from .ops import optim_ops as oo
 from .ops import update_check as uc
 from .ops.arena import arena_layout, pack
@@ -42,7 +42,7 @@ input or None)])."""
 
 # ---- checks ------------------------------------------------------------------------------
 
-def check_number(what: str, value: Any, low: float | None = None, high: float | None = None,
+def check_number(what: str, value: object, low: float | None = None, high: float | None = None,
                  low_open: bool = False, high_open: bool = True) -> None:
     """ValueError naming `what` unless `value` is a finite number in the range given."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -53,7 +53,7 @@ def check_number(what: str, value: Any, low: float | None = None, high: float | 
         raise ValueError(f"{what} must be {'<' if high_open else '<='} {high}, got {value!r}")
 
 
-def check_filter(what: str, value: Any) -> None:
+def check_filter(what: str, value: object) -> None:
     """TypeError naming `what` unless `value` is a :data:`NameFilter`."""
     if not (isinstance(value, (bool, str)) or callable(value)):
         raise TypeError(f"{what} must be True, False, a glob pattern or a callable name -> "
@@ -76,13 +76,15 @@ class OptimizerConfig(ABC):
     implements :meth:`append_update` and :meth:`host_scalars`."""
 
     kind: ClassVar[str]
+    # What @dataclass gives each subclass (so `fields` and `replace` take a config).
+    __dataclass_fields__: ClassVar[dict[str, Field[object]]]
     lr: lr_mod.LR
     clip_grad_norm: float | None
     normalize_grads: NameFilter
     weight_decay: float = 0.0
     decay_filter: NameFilter = True
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         kind = cls.__dict__.get("kind")
         if kind is None:
@@ -100,13 +102,13 @@ class OptimizerConfig(ABC):
             check_number(f"{name}: clip_grad_norm", self.clip_grad_norm, 0.0, low_open=True)
         check_filter(f"{name}: normalize_grads", self.normalize_grads)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Plain data: `kind`, the fields, the LR as :func:`tensorgrad.lr.to_dict` gives it."""
-        out: dict[str, Any] = {"kind": self.kind}
-        for f in fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
+        out: dict[str, object] = {"kind": self.kind}
+        for f in fields(self):
+            value: object = getattr(self, f.name)
             if f.name == "lr":
-                value = lr_mod.to_dict(value)
+                value = lr_mod.to_dict(self.lr)
             elif callable(value):
                 value = CALLABLE_MARK
             out[f.name] = value
@@ -173,7 +175,7 @@ class OptimizerPlan:
         """{hidden input name: value} for step `t`, from an LR (number or schedule, e.g.
         rebased by ``set_lr``) or a config that differs from this plan's at most in `lr`."""
         if isinstance(config_or_lr, OptimizerConfig):
-            base = replace(config_or_lr, lr=self.config.lr)  # type: ignore[type-var]
+            base = replace(config_or_lr, lr=self.config.lr)
             if base.to_dict() != self.config.to_dict():
                 raise ValueError(f"host_scalars: the config {config_or_lr.to_dict()} differs "
                                  f"from the compiled one {self.config.to_dict()} in more than "
@@ -205,6 +207,15 @@ class OptimizerPlan:
 
 # ---- the appender ------------------------------------------------------------------------
 
+class Scale(TypedDict):
+    """The gradient-scale arguments every update op takes (:meth:`Appender.scale`)."""
+
+    gnorm: Tensor | None
+    gtotal: Tensor | None
+    clip: float | None
+    ok: Tensor | None
+
+
 @dataclass
 class Appender:
     """What an update is written with (:meth:`OptimizerConfig.append_update`): the params and
@@ -225,7 +236,7 @@ class Appender:
     states: list[str] = field(default_factory=list)
     writebacks: list[Writeback] = field(default_factory=list)
 
-    def scale(self, name: str) -> dict[str, Any]:
+    def scale(self, name: str) -> Scale:
         """The gradient-scale arguments of an update op for param `name` (normalization,
         clipping and the step guard's flag)."""
         return {"gnorm": self.gnorm.get(name), "gtotal": self.gtotal, "clip": self.clip,
@@ -250,7 +261,7 @@ class Appender:
         self.writebacks.append(Writeback(source.id, dest, kind))
 
     def guard(self, rule: str, trials: Sequence[Trial],
-              attrs: dict[str, Any] | Callable[[str], dict[str, Any]]) -> None:
+              attrs: Attrs | Callable[[str], Attrs]) -> None:
         """With a loss: the step guard's flag `ok` from the loss and a trial of every update
         (an ``update_partials`` node of `rule`, see ops/update_check.py), one per param:
         (name, states, scalars) each; `attrs` (or `attrs(name)`) the update's own. The update
@@ -425,5 +436,5 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
 
 
 __all__ = ["CALLABLE_MARK", "CONFIGS", "Appender", "NameFilter", "OptimizerConfig",
-           "OptimizerPlan", "Trial", "Writeback", "append_optimizer", "check_filter",
+           "OptimizerPlan", "Scale", "Trial", "Writeback", "append_optimizer", "check_filter",
            "check_number", "host_scalars"]
