@@ -136,3 +136,33 @@ def test_compile_forward_refuses_a_model_that_is_no_module_as_compile_does(gpu_d
                                      inputs={"x": (2,)}, device=gpu_device)
 
     run(go())
+
+
+def test_a_failed_store_stage_gives_up_the_pipelines_started_before_it(gpu_device,
+                                                                     monkeypatch) -> None:
+    """The pipelines stage starts the kernels' pipelines before the store stage makes the
+    params (they compile meanwhile); when the store stage fails, the compilation gives them
+    up: the references taken on pipelines a live graph shares are dropped again."""
+    from tensorgrad import compiler, runtime
+
+    def loss(m: TinyMLP, x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        return tg.mean(tg.square(m(x) - y))
+
+    def request() -> Request:
+        return Request("training", TinyMLP(), loss, INPUTS, optimizer=tg.optim.Adam(lr=1e-2),
+                       seed=1)
+
+    live = compile_graph(request(), Options.for_device(gpu_device, tiered=False))
+    assert live.executable is not None and live.store is not None
+    cache = runtime.pipeline_cache(gpu_device)
+    refs = {w: cache.refs[w] for w in live.executable.wgsls}
+
+    def no_store(*args: Any, **kwargs: Any) -> None:
+        raise MemoryError("no room for the params")
+
+    monkeypatch.setattr(compiler, "ParamStore", no_store)
+    with pytest.raises(MemoryError, match="no room for the params"):
+        compile_graph(request(), Options.for_device(gpu_device, tiered=False))
+    assert {w: cache.refs.get(w, 0) for w in live.executable.wgsls} == refs
+    live.executable.destroy()
+    live.store.destroy()
