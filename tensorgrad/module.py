@@ -12,6 +12,13 @@ under its first name.
 
 Tracing never touches the user's object: :func:`materialize` clones the module tree and puts
 a ``param`` leaf tensor where each placeholder was, on the clone only.
+
+Freezing. ``module.freeze()`` marks every param under `module` frozen (``freeze(False)``
+trainable again); the latest call wins: it clears the marks of the modules below it. A
+training step derives no gradient for a frozen param, and its optimizer neither updates it nor
+keeps state for it (no weight decay either); it is still a param (``upload_params``,
+``download_params``, attached forwards). A param reached both under a frozen module and under
+a trainable one (weight tying) is an error.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from .tensor import Tensor, is_tracing, leaf
 __all__ = ["Module", "Param", "ParamSpec", "materialize"]
 
 PARAM_DTYPES = ("f32", "i32")
+FROZEN = "_tg_frozen"  # the attribute Module.freeze sets on the module it is called on
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,6 +119,23 @@ class Module:
     def param_names(self) -> list[str]:
         return [name for name, _ in _params(self)]
 
+    def freeze(self, frozen: bool = True) -> Module:
+        """Freeze every param of this module and the modules under it (`frozen=False`: make
+        them trainable again), overriding earlier calls on those modules. A training step
+        leaves frozen params as they are: no gradient, no optimizer update or state. Returns
+        the module (``model.features.freeze()`` in `__init__`, or on a built model)."""
+        if not isinstance(frozen, bool):
+            raise TypeError(f"{type(self).__name__}.freeze(frozen={frozen!r}): frozen must be "
+                            "True or False")
+        for module in _modules(self):
+            vars(module).pop(FROZEN, None)
+        vars(self)[FROZEN] = frozen
+        return self
+
+    def frozen_param_names(self) -> list[str]:
+        """The names of the frozen params (see :meth:`freeze`), in `param_names()` order."""
+        return [name for name, _, frozen in _walk(self) if frozen]
+
     def init_params(self, seed: int) -> dict[str, Any]:
         """Initial values ({name: flat array}) as a trace with this seed would produce."""
         return _init.init_params(self.named_params(), seed)
@@ -148,25 +173,60 @@ def _holds_params(obj: Any) -> bool:
         isinstance(obj, (list, tuple, dict)) and any(_holds_params(v) for _, v in _children(obj)))
 
 
-def _params(root: Module) -> list[tuple[str, Param]]:
-    out: list[tuple[str, Param]] = []
-    seen: set[int] = set()
+def _modules(root: Module) -> list[Module]:
+    """Every module under `root` (not `root` itself), each once."""
+    out: list[Module] = []
+    seen = {id(root)}
 
-    def walk(obj: Any, prefix: str) -> None:
-        if id(obj) in seen:
-            return
+    def walk(obj: Any) -> None:
+        for _, value in _children(obj):
+            if isinstance(value, Module) and id(value) not in seen:
+                seen.add(id(value))
+                out.append(value)
+                walk(value)
+            elif isinstance(value, (list, tuple, dict)):
+                walk(value)
+
+    walk(root)
+    return out
+
+
+def _walk(root: Module) -> list[tuple[str, Param, bool]]:
+    """(name, param, frozen) of every param, in the order of the module docstring; frozen as
+    the nearest module marked by `freeze` on the param's path says (not frozen without one).
+    TraceError when a tied param is frozen on one path and trainable on another."""
+    out: list[tuple[str, Param, bool]] = []
+    first: dict[int, tuple[str, bool]] = {}  # param id -> (its name, frozen)
+    seen: set[tuple[int, bool]] = set()      # (module id, frozen) walked
+
+    def walk(obj: Any, prefix: str, frozen: bool) -> None:
         if isinstance(obj, Param):
-            seen.add(id(obj))
-            out.append((prefix, obj))
+            if id(obj) not in first:
+                first[id(obj)] = (prefix, frozen)
+                out.append((prefix, obj, frozen))
+            elif first[id(obj)][1] != frozen:
+                name, was = first[id(obj)]
+                state = ("frozen", "trainable")
+                raise TraceError(
+                    f"param '{name}' is {state[not was]} but is also reached as '{prefix}', "
+                    f"where it is {state[not frozen]} (the same param in two places, e.g. "
+                    "tied weights): freeze it in both places or in neither")
             return
         if isinstance(obj, Module):
-            seen.add(id(obj))
+            frozen = vars(obj).get(FROZEN, frozen)
+            if (id(obj), frozen) in seen:
+                return
+            seen.add((id(obj), frozen))
         for key, value in _children(obj):
             if isinstance(value, (Param, Module, list, tuple, dict)):
-                walk(value, f"{prefix}.{key}" if prefix else key)
+                walk(value, f"{prefix}.{key}" if prefix else key, frozen)
 
-    walk(root, "")
+    walk(root, "", False)
     return out
+
+
+def _params(root: Module) -> list[tuple[str, Param]]:
+    return [(name, p) for name, p, _ in _walk(root)]
 
 
 def _clone(obj: Any, prefix: str, memo: dict[int, Any],
