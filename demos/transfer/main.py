@@ -51,7 +51,7 @@ FEATURES = ("pretrained", "random")
 
 async def setup() -> None:
     """Data, the pretrained weights, the model with its frozen extractor, the forwards, the
-    built-in examples (once per worker; the page asks before Start)."""
+    built-in examples, posted (once per worker; the page asks before Start)."""
     async with STATE.setdefault("lock", asyncio.Lock()):
         m = await D.module("model")
         if "train" not in STATE:
@@ -69,7 +69,7 @@ async def setup() -> None:
             STATE["canvas"] = tg.single_flight(predict.run)
         if "examples" not in STATE:
             await builtin_examples()
-        post_examples()
+            post_examples()
 
 
 async def load_features() -> None:
@@ -202,11 +202,14 @@ async def use_builtin() -> None:
 async def main() -> dict:
     D.config()
     await setup()
-    return await D.run(next_batch, evaluate=evaluate, line="{summary}",
-                       figures=lambda ev: {"held_out_acc": ev["acc"], "held_out": ev["n"],
-                                           "train_acc": ev["train_acc"],
-                                           "extractor_unchanged": ev["unchanged"],
-                                           "features": D.cfg["features"]})
+    return await D.run(next_batch, evaluate=evaluate, line="{summary}", figures=figures)
+
+
+def figures(ev: dict) -> dict:
+    """A run's figures from its last evaluation (held-out ones for the built-in classes)."""
+    held = {"held_out_acc": ev["acc"], "held_out": ev["n"]} if ev["acc"] is not None else {}
+    return {**held, "train_acc": ev["train_acc"], "extractor_unchanged": ev["unchanged"],
+            "features": D.cfg["features"], "classes": ", ".join(ev["names"])}
 
 
 if __name__ == "__main__":

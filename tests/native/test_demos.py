@@ -312,10 +312,12 @@ def test_transfer_head_learns_new_digits_from_few_examples_with_a_frozen_extract
     own_posts: list[dict[str, Any]] = []
     monkeypatch.setattr(web_script, "_sink", own_posts.append)
     probs, own = asyncio.run(own_classes())
-    assert own["held_out_acc"] is None and own["train_acc"] == 1, own
+    assert "held_out_acc" not in own and own["train_acc"] == 1, own
+    assert own["classes"] == "zero, one, two", own
     assert own["extractor_unchanged"], own
     assert probs is not None and len(probs) == 3 and abs(sum(probs) - 1) < 1e-4, probs
     assert probs.index(max(probs)) == 1, probs
+    assert len(kinds(own_posts, "examples")) == 1  # set_examples's: predictions post none
     shown = kinds(own_posts, "examples")[-1]
     assert shown["names"] == ["zero", "one", "two"] and shown["counts"] == [4, 4, 4], shown
     assert len(shown["images"][0]) == 4 * 784 and not shown["builtin"]
