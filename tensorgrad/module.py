@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from . import init as _init
 from .errors import ShapeError, TraceError, user_call_site
@@ -119,7 +119,7 @@ class Module:
     def param_names(self) -> list[str]:
         return [name for name, _ in _params(self)]
 
-    def freeze(self, frozen: bool = True) -> Module:
+    def freeze(self, frozen: bool = True) -> Self:
         """Freeze every param of this module and the modules under it (`frozen=False`: make
         them trainable again), overriding earlier calls on those modules. A training step
         leaves frozen params as they are: no gradient, no optimizer update or state. Returns
