@@ -105,21 +105,44 @@ def _entry(path: str, options: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _hidden_base(obj: Any) -> bool:
+    """Whether `obj` is a class with a base of tensorgrad's own that is not public API (so
+    has no entry of its own): `tg.Training` and `tg.Forward` (`tensorgrad.handle.Handle`),
+    `tg.optim.Adam` and `AdamW` (their shared update)."""
+    if not inspect.isclass(obj):
+        return False
+    public = {id(getattr(_module(m), n)) for m, names in public_names().items() for n in names}
+    return any(b.__module__.startswith("tensorgrad") and id(b) not in public
+               for b in obj.__mro__[1:])
+
+
+def _inherits(path: str) -> dict[str, Any]:
+    """`inherited_members` for the entry of a class with a hidden base (:func:`_hidden_base`):
+    it shows the members it inherits as its own."""
+    module, _, name = path.rpartition(".")
+    obj = getattr(_module(module), name, None) if module else None
+    return {"inherited_members": True} if _hidden_base(obj) else {}
+
+
 def render(page: Page) -> str:
     """The page as Markdown with mkdocstrings `:::` entries."""
     out = [f"# {page.title}", "", page.intro.strip(), ""]
     for s in page.sections:
         out += [f"## {s.heading}", ""] + ([s.text.strip(), ""] if s.text else [])
         for path in s.objects:
-            out += [_entry(path, {"heading_level": 3, **s.options}), ""]
+            out += [_entry(path, {"heading_level": 3, **s.options, **_inherits(path)}), ""]
         out += [f"{entry}\n" for entry in s.entries]
     return "\n".join(out)
 
 
 def _module_page(path: str, module: str, title: str, intro: str) -> Page:
-    """A submodule's page: its docstring, then its `__all__` in order."""
-    entry = _entry(module, {"members": list(_module(module).__all__), "heading_level": 2,
-                            "show_root_heading": True, "show_root_toc_entry": False})
+    """A submodule's page: its docstring, then its `__all__` in order (with inherited
+    members where a class has a hidden base)."""
+    names = list(_module(module).__all__)
+    inherits = any(_hidden_base(getattr(_module(module), n)) for n in names)
+    entry = _entry(module, {"members": names, "heading_level": 2, "show_root_heading": True,
+                            "show_root_toc_entry": False,
+                            **({"inherited_members": True} if inherits else {})})
     return Page(path, title, f"{intro}\n\n{entry}", [])
 
 

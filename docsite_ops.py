@@ -120,30 +120,12 @@ class OpExample:
 
 
 def _backward(graph: Any, seeds: dict[int, Any]) -> set[int]:
-    """Append the backward of `graph` from the cotangents `seeds` ({node id: Tensor}), with
-    each op's own VJP rule (what autograd.append_grad does from a loss); the ids of the leaves
+    """Append the backward of `graph` from the cotangents `seeds` ({node id: Tensor}) as
+    autograd does from a loss (:func:`tensorgrad.autograd.backward`); the ids of the leaves
     a gradient reached."""
-    from tensorgrad.ir import LEAF_OPS
-    from tensorgrad.ops import add
-    from tensorgrad.ops.registry import GRAD_ERROR, NO_GRAD, OPS
-    from tensorgrad.tensor import Tensor
+    from tensorgrad.autograd import backward
 
-    cot = dict(seeds)
-    for node in reversed(list(graph.nodes)):
-        dy = cot.pop(node.id, None)
-        if dy is None or node.op in LEAF_OPS:
-            if dy is not None:
-                cot[node.id] = dy
-            continue
-        rule = OPS[node.op].vjp
-        if rule in (NO_GRAD, GRAD_ERROR):
-            continue
-        grads = rule([Tensor(graph, i) for i in node.inputs], Tensor(graph, node.id), dy,
-                     node.attrs)
-        for i, g in zip(node.inputs, grads):
-            if g is not None and graph[i].dtype == "f32":
-                cot[i] = g if i not in cot else add(cot[i], g)
-    return {i for i in cot if graph[i].op in LEAF_OPS}
+    return set(backward(graph, seeds))
 
 
 def op_example(name: str) -> OpExample:
@@ -253,7 +235,9 @@ def op_table_markdown() -> str:
            "*primitives* into the graph. The first table traces one example call of each "
            "public op: the tensors in and out, the primitives it records, the inputs its "
            "gradient reaches and the primitives its backward records (every backward rule is "
-           "written in forward ops). The second lists every primitive: its doc line (the shape "
+           "written in forward ops; a rule may give an input's gradient at the broadcast "
+           "shape of the op's output, and autograd sums it back to the input's shape). The "
+           "second lists every primitive: its doc line (the shape "
            "rule), its kernel and its gradient rule — *yes* (a backward rule), *none* (no "
            "gradient flows back) or *error* (backward and optimizer ops, never "
            "differentiated)."), "",

@@ -1,14 +1,16 @@
 """The compiler: one ordered list of stages from a model and a function to a GPU program.
 
-    trace → autograd → passes → optimizer → passes → plan → emit → build
+    trace → autograd → passes → optimizer → passes → plan → emit → pipelines → store → build
 
 A :class:`Compilation` carries one graph through :data:`STAGES`; each stage fills in its part
 (the traced graph, the gradients, the optimizer's writebacks, the buffer plan, the kernels,
-the executable). Training steps and forward graphs take the same stages: autograd and the
-optimizer do nothing for a forward graph. Passes are registered in
+the param store, the executable). Training steps and forward graphs take the same stages:
+autograd and the optimizer do nothing for a forward graph. A "params" request has no graph:
+it reads the model's params and makes their store (a standalone forward's, made before any of
+its graphs, whose input sizes come with its runs). Passes are registered in
 :data:`tensorgrad.passes.PASSES`, each at the phase where it runs. :func:`trace` and
-:func:`trace_forward` are the IR-only entry points (no device); the handles in
-:mod:`tensorgrad.api` compile through :func:`compile_graph`.
+:func:`trace_forward` are the IR-only entry points (no device); the handles
+(:mod:`tensorgrad.training`, :mod:`tensorgrad.forward`) compile through :func:`compile_graph`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .ops.index import input_index_bounds
 from .ops.registry import OPS
 from .optim import OptimizerConfig, OptimizerPlan, Writeback, append_optimizer
 from .passes import PASSES, Phase
-from .pipelines import pipeline_cache
+from .pipelines import Acquiring, pipeline_cache
 from .plan import BufferPlan, plan_buffers
 from .precision import append_scaled_grad, check_precision
 from .runtime import (
@@ -41,27 +43,29 @@ from .runtime import (
     shared_param_buffers,
 )
 from .tensor import Tensor
-from .trace import InputDecl, InputSpec, check_seed, trace_graph
+from .trace import InputDecl, InputSpec, check_seed, model_params, trace_graph
 
 __all__ = ["STAGES", "Compilation", "Options", "Request", "Stage", "compile_graph", "trace",
            "trace_forward"]
 
-Kind = Literal["training", "forward"]
+Kind = Literal["training", "forward", "params"]
+GRAPHS: frozenset[Kind] = frozenset({"training", "forward"})
 # The layout ops (views and packs) the buffer plan arranges without kernels.
 LAYOUT_OPS = {name: op for name, op in OPS.items() if op.view is not None or op.pack}
 
 
 @dataclass(frozen=True)
 class Request:
-    """What to compile: `fn(model, **inputs)` is the loss (training) or the forward output.
+    """What to compile: `fn(model, **inputs)` is the loss (training) or the forward output;
+    a "params" request compiles no function, only the model's param store.
 
     `optimizer` is required by the optimizer stage of a training graph; `seed` seeds the
     param init (None: random); `output` is the declared dtype of a forward's output."""
 
     kind: Kind
     model: Module
-    fn: Callable[..., Tensor]
-    inputs: Mapping[str, InputSpec]
+    fn: Callable[..., Tensor] | None = None
+    inputs: Mapping[str, InputSpec] = field(default_factory=dict)
     optimizer: OptimizerConfig | None = None
     seed: int | None = None
     output: DType | None = None
@@ -72,7 +76,7 @@ class Options:
     """How to compile: for which device (None: stop after emit), with which passes.
 
     `store` holds the params to bind (an attached forward shares its training's); without one
-    the build stage makes a fresh store from the traced params and the seed."""
+    the store stage makes a fresh store from the model's params and the seed."""
 
     device: GPUDevice | None = None
     limits: DeviceLimits = field(default_factory=DeviceLimits)
@@ -132,6 +136,7 @@ class Compilation:
     store: ParamStore | None = None
     executable: Executable | None = None
     tiered: bool = False  # a tiered start: `kernels` are the quick tier (Options.tiered)
+    acquiring: Acquiring | None = None  # the pipelines started for `kernels`
     done: list[str] = field(default_factory=list)  # the stages run so far
 
     @property
@@ -173,7 +178,8 @@ class Compilation:
         """One line: what was compiled, the stages done, node, param and input counts and
         shapes, the kernels and the plan's peak once there (``print()`` shows the IR)."""
         r = self.request
-        what = "training step" if self.training else "forward graph"
+        what = {"training": "training step", "forward": "forward graph",
+                "params": "param store"}[r.kind]
         stage = f"after {self.done[-1]!r}" if self.done else "before tracing"
         params = sum(s.size for s in self.params.values())
         inputs = describe.mapping({n: describe.shape(d.shape, d.dtype)
@@ -197,6 +203,10 @@ class Compilation:
 
 def _trace(c: Compilation, o: Options) -> None:
     r = c.request
+    if r.kind == "params":  # no function: the model's params alone
+        c.params, c.seed = model_params(r.model), check_seed(r.seed)
+        return
+    assert r.fn is not None, f"a {r.kind} request needs a function"
     traced = trace_graph(r.model, r.fn, r.inputs, "loss" if c.training else "forward")
     out = traced.graph[traced.output]
     if r.output is not None and out.dtype != r.output:
@@ -257,10 +267,34 @@ def _emit(c: Compilation, o: Options) -> None:
         c.kernels = emit_graph(c.graph, target, OPS, no_kernel)
 
 
+def _pipelines(c: Compilation, o: Options) -> None:
+    """Start compiling the kernels' pipelines (in the background where the device can), so
+    that they compile while the store stage initialises the params: pure Python, ~0.4 s for
+    the addition transformer's 150k in Pyodide. The build stage finishes them; a compilation
+    stopped between the two holds them in `c.acquiring` (give them up with
+    ``pipeline_cache(device).abandon``)."""
+    if o.device is None:
+        raise ValueError("compile: the pipelines stage needs a device (Options.for_device)")
+    c.acquiring = pipeline_cache(o.device).start(
+        kernel_sources(dispatches(c.graph, c.kernels, OPS)))
+
+
+def _store(c: Compilation, o: Options) -> None:
+    """The params to bind: `o.store` (shared), else a fresh store laid out as the optimizer
+    packed its arena (ParamStore checks the device limits before allocating anything)."""
+    if o.store is not None:
+        c.store = o.store
+        return
+    if o.device is None:
+        raise ValueError("compile: the store stage needs a device (Options.for_device)")
+    layout = c.optimizer.layout if c.optimizer is not None else None
+    c.store = ParamStore(o.device, c.params, c.seed, layout)
+
+
 def _build(c: Compilation, o: Options) -> None:
     if o.device is None:
         raise ValueError("compile: the build stage needs a device (Options.for_device)")
-    assert c.plan is not None
+    assert c.plan is not None and c.store is not None and c.acquiring is not None
     upgrade = None
     if c.tiered:
         graph, target = c.graph, o.target or Target(limits=o.limits)
@@ -268,43 +302,47 @@ def _build(c: Compilation, o: Options) -> None:
 
         def upgrade() -> list[Kernel]:
             return emit_graph(graph, target, OPS, no_kernel)
-    # The pipelines compile (in the background where the device can) while the params are
-    # initialised: pure Python, ~0.4 s for the addition transformer's 150k in Pyodide.
-    cache = pipeline_cache(o.device)
-    acquiring = cache.start(kernel_sources(dispatches(c.graph, c.kernels, OPS)))
-    store = o.store
-    try:
-        if store is None:
-            layout = c.optimizer.layout if c.optimizer is not None else None
-            store = ParamStore(o.device, c.params, c.seed, layout)
-        c.executable = build_executable(o.device, c.graph, c.plan, c.kernels, c.output,
-                                        cache, o.chunk_size, OPS,
-                                        shared_param_buffers(c.graph, c.plan, store),
-                                        status_id=c.optimizer.status if c.optimizer else None,
-                                        index_bounds=input_index_bounds(c.graph),
-                                        acquiring=acquiring, upgrade=upgrade)
-    except BaseException:
-        cache.abandon(acquiring)
-        if store is not None and store is not o.store:
-            store.destroy()
-        raise
-    c.store = store
+    c.executable = build_executable(o.device, c.graph, c.plan, c.kernels, c.output,
+                                    pipeline_cache(o.device), o.chunk_size, OPS,
+                                    shared_param_buffers(c.graph, c.plan, c.store),
+                                    status_id=c.optimizer.status if c.optimizer else None,
+                                    index_bounds=input_index_bounds(c.graph),
+                                    acquiring=c.acquiring, upgrade=upgrade)
+
+
+def _abandon(c: Compilation, o: Options) -> None:
+    """Undo what the device stages of a failed compilation made: the pipelines started for
+    it (abandoned once: build_executable may have abandoned them already) and a store made
+    by the store stage for this graph (a shared `o.store` stays)."""
+    if c.executable is not None:
+        return
+    if c.acquiring is not None and o.device is not None:
+        pipeline_cache(o.device).abandon(c.acquiring)
+    if c.store is not None and c.store is not o.store:
+        c.store.destroy()
+        c.store = None
 
 
 @dataclass(frozen=True)
 class Stage:
+    """One step of :func:`compile_graph`: `run` fills in its part of the compilation, for
+    requests of the `kinds` it applies to (the others pass it by)."""
+
     name: str
     run: Callable[[Compilation, Options], None]
+    kinds: frozenset[Kind] = GRAPHS
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("trace", _trace),
+    Stage("trace", _trace, GRAPHS | {"params"}),
     Stage("autograd", _autograd),
     Stage("passes after autograd", _passes("after_autograd")),
     Stage("optimizer", _optimizer),
     Stage("passes after optimizer", _passes("after_optimizer")),
     Stage("plan", _plan),
     Stage("emit", _emit),
+    Stage("pipelines", _pipelines),
+    Stage("store", _store, GRAPHS | {"params"}),
     Stage("build", _build),
 )
 
@@ -316,11 +354,16 @@ def compile_graph(request: Request, options: Options, until: str = "build") -> C
         raise ValueError(f"compile_graph: no stage {until!r} (stages: {names})")
     check_precision(options.precision, options.device.info if options.device else None)
     c = Compilation(request)
-    for stage in STAGES:
-        stage.run(c, options)
-        c.done.append(stage.name)
-        if stage.name == until:
-            break
+    try:
+        for stage in STAGES:
+            if request.kind in stage.kinds:
+                stage.run(c, options)
+                c.done.append(stage.name)
+            if stage.name == until:
+                break
+    except BaseException:
+        _abandon(c, options)
+        raise
     return c
 
 

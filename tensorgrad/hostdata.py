@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     # What a read gives back for one tensor: a numpy array when numpy imports, else a
     # memoryview cast to the tensor's shape.
     HostArray: TypeAlias = NDArray[Any] | memoryview[Any]
+    # One input of a step or run as the user gives it: host data, or a Python number for an
+    # input of one element.
+    InputData: TypeAlias = HostData | float
 
 _FORMATS: dict[str, tuple[Literal["f", "i", "I"], str]] = {
     "f32": ("f", "float32"), "i32": ("i", "int32"), "bool": ("I", "uint32")}
@@ -263,8 +266,11 @@ def from_bytes(data: bytes | memoryview, shape: Sequence[int], dtype: DType) -> 
 
 
 def scalar_bytes(value: float, dtype: DType) -> bytes:
-    import struct
-    return struct.pack("<f" if dtype == "f32" else "<i", value)
+    """The bytes of one 0-d value the library makes itself (an optimizer's per-step scalar,
+    the PRNG seed), packed directly, without the checks of :func:`to_bytes`: a float past
+    the f32 range becomes ±inf, as :func:`to_bytes` converts one."""
+    import array
+    return array.array(_FORMATS[dtype][0], [value]).tobytes()
 
 
 # ---- index checks: i32 host data that indexes a one-hot or a row gather -----------------

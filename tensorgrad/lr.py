@@ -274,8 +274,8 @@ def to_dict(lr: LR) -> float | dict[str, Any]:
     return out
 
 
-def from_dict(data: float | dict[str, Any]) -> LR:
-    """Inverse of :func:`to_dict`."""
+def from_dict(data: object) -> LR:
+    """Inverse of :func:`to_dict` (plain data, checked: a number, or a dict with `kind`)."""
     if not isinstance(data, dict):
         return _check_number("lr", data)
     kind = data.get("kind")

@@ -236,21 +236,25 @@ class Executable:
         node = self.graph.leaves(op)[name]
         return self.buffer_of(node.id)
 
-    async def run(self, feeds: Mapping[str, HostData], read_captures: bool = True
+    async def run(self, feeds: Mapping[str, bytes], read_captures: bool = True
                   ) -> tuple[HostArray, dict[str, HostArray], bool]:
         """Write `feeds` (every graph input, hidden ones included), run, read back.
 
-        Returns the output array, {capture name: array} and whether the step guard let the
-        update through (True for a graph without one)."""
+        `feeds` are the inputs' bytes, as the handles made them once: the user's data
+        checked against its input and copied when the step or run was called
+        (:func:`tensorgrad.hostdata.to_bytes`), the library's own scalars packed directly;
+        they are written as they are (an index input's values are checked against the
+        graph's index bounds). Returns the output array, {capture name: array} and whether
+        the step guard let the update through (True for a graph without one)."""
         writes: list[tuple[Binding, HostBytes]] = []
         inputs = self.inputs
         for name, node in inputs.items():
-            if name not in feeds:
+            data = feeds.get(name)
+            if data is None:
                 raise ShapeError("step", f"missing input '{name}' ({node.dtype}"
                                  f"{list(node.shape)})")
-            data = to_bytes(f"input '{name}'", feeds[name], node.shape, node.dtype)
             if name in self.index_bounds:
-                _check_index_range(name, data, self.index_bounds[name])
+                _check_index_range(name, memoryview(data), self.index_bounds[name])
             writes.append((self.buffer_of(node.id), data))
         extra = set(feeds) - set(inputs)
         if extra:

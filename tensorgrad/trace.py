@@ -26,7 +26,7 @@ from .module import Module, materialize
 from .tensor import Tensor, leaf, tracing
 
 if TYPE_CHECKING:
-    from .hostdata import HostData
+    from .hostdata import InputData
 
 __all__ = ["InputDecl", "TracedGraph", "check_seed", "normalize_inputs", "resolve_shapes",
            "trace_graph"]
@@ -130,7 +130,7 @@ def normalize_inputs(decls: Mapping[str, InputSpec], wildcards: bool = True,
     return {name: _decl(name, raw, wildcards, op) for name, raw in decls.items()}
 
 
-def resolve_shapes(decls: Mapping[str, InputSpec], arrays: Mapping[str, HostData]
+def resolve_shapes(decls: Mapping[str, InputSpec], arrays: Mapping[str, InputData]
                    ) -> dict[str, tuple[int, ...]]:
     """Concrete shapes for forward input declarations, given the data (flat or not).
 
@@ -234,6 +234,14 @@ def check_seed(seed: int | None) -> int:
         raise TypeError(f"seed must be an int (32-bit), got {seed!r} ({type(seed).__name__}); "
                         "pass an int, or None for a random seed")
     return seed & _init.MASK32
+
+
+def model_params(model: Module) -> dict[str, ParamSpec]:
+    """{dotted name: ParamSpec} of `model`'s params, in param order, without tracing (what a
+    trace of it binds); TraceError when `model` is not a tg.Module."""
+    if not isinstance(model, Module):
+        raise TraceError(f"the model must be a tg.Module instance, got {type(model).__name__}")
+    return model.named_params()
 
 
 def trace_graph(model: Module, fn: Callable[..., Tensor], inputs: Mapping[str, InputSpec],

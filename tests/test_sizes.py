@@ -17,13 +17,6 @@ PACKAGE = ROOT / "tensorgrad"
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 60
 
-# Until the handles branch lands (it rewrites these files: one handle base, optimizers as
-# objects); the lead removes these two entries after merging it.
-UNTIL_HANDLES_LANDS = {
-    "tensorgrad/api.py": "file",
-    "tensorgrad/optim.py:append_optimizer": "function",
-}
-
 
 def _functions(tree: ast.AST) -> list[tuple[str, int, int]]:
     """(qualified name, first line, line count) of every function and method of `tree`."""
@@ -47,16 +40,16 @@ def _functions(tree: ast.AST) -> list[tuple[str, int, int]]:
 
 def oversized(package: Path = PACKAGE) -> list[str]:
     """Every file over MAX_FILE_LINES and function over MAX_FUNCTION_LINES under `package`,
-    one line each ("path: N lines" / "path:line name: N lines"), allowed ones left out."""
+    one line each ("path: N lines" / "path:line name: N lines")."""
     out = []
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package.parent).as_posix()
         text = path.read_text()
         lines = len(text.splitlines())
-        if lines > MAX_FILE_LINES and UNTIL_HANDLES_LANDS.get(rel) != "file":
+        if lines > MAX_FILE_LINES:
             out.append(f"{rel}: {lines} lines (at most {MAX_FILE_LINES})")
         for name, start, count in _functions(ast.parse(text, rel)):
-            if count > MAX_FUNCTION_LINES and f"{rel}:{name}" not in UNTIL_HANDLES_LANDS:
+            if count > MAX_FUNCTION_LINES:
                 out.append(f"{rel}:{start} {name}: {count} lines (at most "
                            f"{MAX_FUNCTION_LINES})")
     return out
@@ -79,21 +72,6 @@ def test_the_walker_measures_files_and_functions(tmp_path: Path) -> None:
 def test_no_file_or_function_is_too_long() -> None:
     found = oversized()
     assert not found, "over the size rule (split along a real seam):\n  " + "\n  ".join(found)
-
-
-def test_the_allowances_are_still_needed() -> None:
-    """An allowance whose file or function is back under the rule is dropped."""
-    for key, kind in UNTIL_HANDLES_LANDS.items():
-        rel, _, name = key.partition(":")
-        path = ROOT / rel
-        if not path.exists():
-            continue
-        text = path.read_text()
-        if kind == "file":
-            assert len(text.splitlines()) > MAX_FILE_LINES, f"{rel} fits now: drop its entry"
-        else:
-            lengths = {n: c for n, _, c in _functions(ast.parse(text))}
-            assert lengths.get(name, 0) > MAX_FUNCTION_LINES, f"{key} fits now: drop its entry"
 
 
 if __name__ == "__main__":

@@ -73,10 +73,6 @@ TANH_WGSL = """fn tanh_tg(x: f32) -> f32 {
 }"""
 
 
-def _unbroadcast(g: Tensor, shape: Shape) -> Tensor:
-    return sum_to_shape(g, shape)
-
-
 # ---- constants -------------------------------------------------------------------------
 
 def _infer_full(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
@@ -164,21 +160,17 @@ def _binary(name: str, np_fn: Callable[[Any, Any], Any], expr: str, vjp: Any,
 
 
 _binary("add", lambda a, b: a + b, "(a0 + a1)",
-        lambda ins, out, dy, at: [_unbroadcast(dy, ins[0].shape),
-                                  _unbroadcast(dy, ins[1].shape)],
+        lambda ins, out, dy, at: [dy, dy],
         tx.operator("+", tx.ADD))
 _binary("sub", lambda a, b: a - b, "(a0 - a1)",
-        lambda ins, out, dy, at: [_unbroadcast(dy, ins[0].shape),
-                                  _unbroadcast(neg(dy), ins[1].shape)],
+        lambda ins, out, dy, at: [dy, neg(dy)],
         tx.operator("-", tx.ADD))
 _binary("mul", lambda a, b: a * b, "(a0 * a1)",
-        lambda ins, out, dy, at: [_unbroadcast(mul(dy, ins[1]), ins[0].shape),
-                                  _unbroadcast(mul(dy, ins[0]), ins[1].shape)],
+        lambda ins, out, dy, at: [mul(dy, ins[1]), mul(dy, ins[0])],
         tx.operator("*", tx.MUL))
 _binary("div", lambda a, b: a / b, "(a0 / a1)",
-        lambda ins, out, dy, at: [
-            _unbroadcast(div(dy, ins[1]), ins[0].shape),
-            _unbroadcast(neg(div(mul(dy, ins[0]), mul(ins[1], ins[1]))), ins[1].shape)],
+        lambda ins, out, dy, at: [div(dy, ins[1]),
+                                  neg(div(mul(dy, ins[0]), mul(ins[1], ins[1])))],
         tx.operator("/", tx.MUL), dtypes=("f32",))
 
 
@@ -186,8 +178,7 @@ def _minmax_vjp(compare: Callable[[Tensor, Tensor], Tensor]) -> VjpFn:
     def vjp(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: Attrs) -> list[Tensor]:
         a, b = ins
         mask = compare(a, b)  # where a strictly wins; ties send the gradient to b
-        return [_unbroadcast(where(mask, dy, 0.0), a.shape),
-                _unbroadcast(where(mask, 0.0, dy), b.shape)]
+        return [where(mask, dy, 0.0), where(mask, 0.0, dy)]
     return vjp
 
 
@@ -327,9 +318,8 @@ def _infer_where(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
 
 def _vjp_where(ins: Sequence[Tensor], out: Tensor, dy: Tensor, attrs: Attrs
                ) -> list[Tensor | None]:
-    cond, a, b = ins
-    return [None, _unbroadcast(where(cond, dy, 0.0), a.shape),
-            _unbroadcast(where(cond, 0.0, dy), b.shape)]
+    cond = ins[0]
+    return [None, where(cond, dy, 0.0), where(cond, 0.0, dy)]
 
 
 def _torch_where(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:

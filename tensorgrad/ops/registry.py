@@ -23,7 +23,8 @@ from ..tensor import Tensor, current_trace
 InferFn = Callable[[Sequence[Node], Attrs], tuple[Shape, DType]]
 # ref(values, node) -> value, with numpy arrays; float inputs may be float32 or float64.
 RefFn = Callable[[Sequence[Any], Node], Any]
-# vjp(inputs, out, dy, attrs) -> one cotangent Tensor (or None) per input.
+# vjp(inputs, out, dy, attrs) -> one cotangent Tensor (or None) per input, at that input's
+# shape or at a broadcast of it (the output's shape): autograd sums it back to the input's.
 VjpFn = Callable[[Sequence[Tensor], Tensor, Tensor, Attrs], Sequence[Tensor | None]]
 EmitFn = Callable[[EmitContext], Kernel]
 # view(node, input) -> the byte offset at which the node's output lies in input 0's bytes, or

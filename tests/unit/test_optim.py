@@ -768,3 +768,66 @@ def test_arena_members_the_plan_cannot_place_are_copied(shapes, expect) -> None:
     c = compile_graph(Request("training", model, fuzz_loss, {}, optimizer=optim.SGD(lr=0.1),
                               seed=0), Options(), until="plan")   # plans without a PlanError
     assert sum(n.op == "copy" for n in c.graph.nodes) == expect
+
+
+def test_an_optimizer_is_one_class_appending_its_own_update() -> None:
+    """A new config class is all an optimizer needs: subclassing registers its kind (plain
+    data over the worker protocol), append_optimizer and the plan call its own methods."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from tensorgrad.update import CONFIGS, OptimizerConfig
+
+    @dataclass(frozen=True)
+    class HalfSGD(OptimizerConfig):
+        lr: Any
+        clip_grad_norm: float | None = None
+        normalize_grads: Any = False
+        kind: ClassVar[str] = "test_half_sgd"
+
+        def append_update(self, a, decayed, limits):
+            half = a.scalar("__half_lr")
+            a.guard("sgd", [(n, [], [("lr", half)]) for n in a.grads],
+                    {"momentum": 0.0, "nesterov": False, "weight_decay": 0.0})
+            for n, g in a.grads.items():
+                a.write(oo.sgd_update_p(a.params[n], half, g, None, momentum=0.0,
+                                        nesterov=False, weight_decay=0.0, **a.scale(n)),
+                        n, "param")
+            return ("__half_lr",)
+
+        def host_scalars(self, lr, t):
+            return {"__half_lr": lr / 2}
+
+    try:
+        config = HalfSGD(0.05, clip_grad_norm=1.0)
+        assert optim.CONFIGS["test_half_sgd"] is HalfSGD
+        assert optim.from_dict(config.to_dict()) == config
+        theirs = run_torch(lambda ps: torch.optim.SGD(ps, lr=0.025), clip=1.0)
+        for arena in (False, True):
+            assert_same(run_ours(config, arena=arena), theirs)
+        _, _, _, plan = build(config, arena=True)
+        assert plan.scalar_inputs == ("__half_lr",) and plan.status is not None
+        assert plan.host_scalars(0.2, 3) == {"__half_lr": 0.1}
+        with pytest.raises(ValueError, match=r"optimizer kind 'test_half_sgd' is taken by "
+                           r".*HalfSGD"):
+            type("Other", (HalfSGD,), {"kind": "test_half_sgd"})
+    finally:
+        CONFIGS.pop("test_half_sgd", None)
+
+
+def test_a_config_without_its_update_cannot_be_made() -> None:
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from tensorgrad.update import CONFIGS, OptimizerConfig
+
+    @dataclass(frozen=True)
+    class NoUpdate(OptimizerConfig):
+        lr: float
+        kind: ClassVar[str] = "test_no_update"
+
+    try:
+        with pytest.raises(TypeError, match="abstract methods? .*append_update"):
+            NoUpdate(0.1)
+    finally:
+        CONFIGS.pop("test_no_update", None)

@@ -1,0 +1,164 @@
+"""The forward handle: :class:`Forward`, a compiled forward (inference) function, one
+executable per input shape. Attached to a training (:meth:`tensorgrad.Training.attach`) it
+binds that training's params; standalone (:func:`tensorgrad.compile_forward`) it owns a param
+store of its own, made by the compiler's store stage.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import describe
+from .compiler import Request, compile_graph
+from .errors import ShapeError
+from .flight import CallQueue
+from .gpu import GPUDevice
+from .handle import Handle, Shapes
+from .ir import DType, Shape
+from .module import Module
+from .results import Captures, Completed, Result
+from .runtime import Executable, ParamStore
+from .tensor import Tensor
+from .trace import normalize_inputs, resolve_shapes
+
+if TYPE_CHECKING:
+    from .hostdata import InputData
+    from .trace import InputSpec
+    from .training import Training
+
+Typed = dict[str, tuple[Shape, DType]]
+"""{input name: (shape, dtype)} of one compiled shape of a forward."""
+
+
+class Forward(Handle):
+    """A compiled forward (inference) graph; one compiled executable per input shape.
+
+    Like :class:`Training`, usable from any thread and event loop: its runs (an attached
+    forward's with its training's calls) run one at a time in call order."""
+
+    def __init__(self, device: GPUDevice, forward: Callable[..., Tensor],
+                 inputs: Mapping[str, InputSpec], output: DType, max_cached_shapes: int,
+                 chunk_size: int, owner: Training | None = None,
+                 store: ParamStore | None = None, model: Module | None = None,
+                 fuse: bool = True, tiered: bool | None = None):
+        check_output(output)
+        dtypes = {n: d.dtype for n, d in normalize_inputs(inputs).items()}  # a clear error first
+        # An attached forward's runs take their turn in its training's queue (with the steps).
+        super().__init__(device, inputs, dtypes, chunk_size, fuse, tiered,
+                         owner._queue if owner is not None else CallQueue())
+        self._forward = forward
+        self._output = output
+        self._max_cached = max(1, int(max_cached_shapes))
+        self._owner = owner
+        self._own_store = store
+        self._own_model = model
+        self._cache: OrderedDict[str, tuple[Executable, Typed]] = OrderedDict()
+
+    def _live_store(self) -> ParamStore:
+        store = self._owner._live_store() if self._owner else self._own_store
+        if store is None:
+            raise RuntimeError("this forward handle was destroyed")
+        return store
+
+    def _shapes(self, inputs: Mapping[str, InputData]) -> dict[str, tuple[int, ...]]:
+        return resolve_shapes(self._input_decls, inputs)
+
+    @property
+    def _model(self) -> Module:
+        if self._owner is not None:
+            return self._owner._model
+        assert self._own_model is not None  # a standalone forward is given its model
+        return self._own_model
+
+    def __repr__(self) -> str:
+        """One line: the model, params, inputs (None dims as None), output dtype, the shapes
+        compiled so far and their kernels, the device, attached or standalone, state."""
+        decls = normalize_inputs(self._input_decls)
+        inputs = describe.mapping({n: describe.shape(d.shape, d.dtype) for n, d in decls.items()})
+        model = type(self._model).__name__
+        owner = "attached to a tg.Training" if self._owner else "standalone"
+        if self._destroyed:
+            return f"<tg.Forward of {model}: destroyed, inputs {inputs}, {owner}>"
+        compiled = [", ".join(f"{n}: {list(s)}" for n, (s, _) in typed.items()) + "; "
+                    + describe.count(exe.kernel_count, "kernel")
+                    for exe, typed in self._cache.values()]
+        shapes = (describe.count(len(compiled), "shape") + " compiled (" +
+                  " | ".join(compiled) + ")" if compiled else "no shape compiled yet")
+        try:
+            params = describe.count(self.param_count, "param")
+        except RuntimeError:  # an attached forward whose training was destroyed
+            params = "params gone (its training was destroyed)"
+        return (f"<tg.Forward of {model}: {params}, inputs {inputs} -> {self._output}, "
+                f"{shapes}, on {describe.device(self.device)}, {owner}>")
+
+    def _invalidate(self) -> None:
+        self._generation += 1
+        for exe, _ in self._cache.values():
+            exe.destroy()
+        self._cache.clear()
+
+    def graph_for(self, **inputs: InputData) -> Executable:
+        """The executable for these inputs' shapes (compiled on first use, LRU-cached)."""
+        return self._executable(resolve_shapes(self._input_decls, inputs))
+
+    def _executable(self, shapes: Shapes) -> Executable:
+        typed: Typed = {n: (s, self._dtypes[n]) for n, s in shapes.items()}
+        key = "|".join(f"{n}:{'x'.join(map(str, s))}:{d}" for n, (s, d) in sorted(typed.items()))
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit[0]
+        c = compile_graph(Request("forward", self._model, self._forward, typed,
+                                  output=self._output), self._options(self._live_store()))
+        exe = c.executable
+        assert exe is not None
+        self._cache[key] = (exe, typed)
+        while len(self._cache) > self._max_cached:
+            _, (old, _) = self._cache.popitem(last=False)
+            old.destroy()
+        return exe
+
+    def run(self, **inputs: InputData) -> Coroutine[Any, Any, Result]:
+        """Run the forward (await it): Completed(output, captures), Aborted() or
+        Failed(error). The inputs are checked and copied when run is called (the shape rule of
+        :meth:`Training.step`; a None dim is resolved from the data's size); runs of an
+        attached forward take their turn with the training's steps, in call order.
+
+        Cancelled while it waits for its turn, a run never runs; once started it runs to its
+        end (its PRNG draw counted) and the cancelled awaiter gets ``CancelledError`` at once,
+        as :meth:`Training.step` says."""
+        return self._call("run", inputs, self._run)
+
+    async def _run(self, shapes: Shapes, data: dict[str, bytes]) -> Result:
+        exe = self._executable(shapes)
+        feeds = dict(data)
+        self._feed_seed(exe, feeds)
+        out, caps, _ = await exe.run(feeds)
+        return Completed(output=out, captures=Captures(caps))
+
+    def output_shape(self, **inputs: InputData) -> tuple[int, ...]:
+        """The output's shape for these inputs (compiling for their shapes if needed)."""
+        exe = self.graph_for(**inputs)
+        return exe.graph[exe.output_id].shape
+
+    def destroy(self) -> None:
+        """Free the forward's GPU resources (and its params, when it owns them); pending and
+        later runs return Aborted."""
+        if self._destroyed:
+            return
+        self._invalidate()
+        self._destroyed = True
+        if self._own_store is not None:
+            self._own_store.destroy()
+            self._own_store = None
+
+
+def check_output(output: object) -> None:
+    """ShapeError unless `output` (a forward's declared output dtype) is 'f32' or 'i32'."""
+    if output not in ("f32", "i32"):
+        raise ShapeError("forward", f"output must be 'f32' or 'i32', got {output!r}")
+
+
+__all__ = ["Forward", "check_output"]

@@ -1,0 +1,302 @@
+"""The training handle: :class:`Training`, a compiled training step and its state between
+steps (the params, the optimizer's step counter and LR). Create one with :func:`tensorgrad.compile`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import describe
+from .compiler import Request, compile_graph
+from .errors import AbortError
+from .flight import CallQueue
+from .forward import Forward
+from .gpu import GPUDevice
+from .handle import Handle, Shapes, non_finite_input, scalar
+from .hostdata import scalar_bytes, to_bytes
+from .ir import Graph
+from .lr import LR, rebase
+from .module import Module
+from .optim import OptimizerConfig, OptimizerPlan
+from .results import Captures, Completed, Failed, Result
+from .runtime import Executable, ParamStore
+from .skipped import non_finite_grad, non_finite_param, non_finite_update
+from .tensor import Tensor
+from .trace import InputDecl, check_seed, normalize_inputs
+
+if TYPE_CHECKING:
+    from .hostdata import HostArray, InputData
+    from .ir import DType
+    from .trace import InputSpec
+
+
+class Training(Handle):
+    """A compiled training step on a device. Create with :func:`compile`.
+
+    Threads: a handle may be used from any thread and any event loop (each thread with its
+    own ``asyncio.run``, or successive ``asyncio.run`` calls in one thread). Its calls, and
+    those of its attached forwards, run one at a time in call order whichever thread made
+    them; each runs in the event loop of the thread that made it."""
+
+    def __init__(self, device: GPUDevice, loss: Callable[..., Tensor],
+                 inputs: Mapping[str, InputSpec], chunk_size: int, fuse: bool = True,
+                 tiered: bool | None = None):
+        decls = normalize_inputs(inputs, wildcards=False, op="compile")
+        # Everything that touches this training's GPU state runs in call order, one at a
+        # time (attached forwards too): an upload never lands inside a step.
+        super().__init__(device, inputs, {n: d.dtype for n, d in decls.items()}, chunk_size,
+                         fuse, tiered, CallQueue())
+        self._loss_fn = loss
+        self._decls = decls
+        self._fixed = {n: _fixed_shape(d) for n, d in decls.items()}
+        self._children: list[Forward] = []
+        self._exe: Executable | None = None
+        self._store: ParamStore | None = None
+
+    def _build(self, model: Module, optimizer: OptimizerConfig, seed: int | None) -> None:
+        seed = check_seed(seed)
+        c = compile_graph(Request("training", model, self._loss_fn, self._input_decls,
+                                  optimizer=optimizer, seed=seed), self._options())
+        assert c.optimizer is not None
+        self._model: Module = model
+        self._optimizer: OptimizerConfig = optimizer
+        self._opt: OptimizerPlan = c.optimizer
+        self._grads = c.grads
+        self._store, self._exe = c.store, c.executable
+        self._lr: LR = optimizer.lr
+        self._t = 0
+        self._prng_counter = 0
+        self.seed = c.seed
+
+    # -- what the handle base asks -------------------------------------------------------
+    def _live_store(self) -> ParamStore:
+        self._live_exe()
+        assert self._store is not None
+        return self._store
+
+    def _shown_store(self) -> ParamStore | None:
+        return self._store
+
+    def _current_store(self) -> ParamStore | None:
+        return self._store
+
+    def _shapes(self, inputs: Mapping[str, InputData]) -> dict[str, tuple[int, ...]]:
+        return self._fixed
+
+    def _live_exe(self) -> Executable:
+        if self._destroyed or self._exe is None:
+            raise RuntimeError("this training handle was destroyed")
+        return self._exe
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def kernel_count(self) -> int:
+        """How many GPU kernels (compute dispatches) one step runs."""
+        return self._exe.kernel_count if self._exe else 0
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        """The loss's shape: () (a training step's output is its 0-d loss)."""
+        return ()
+
+    @property
+    def ir(self) -> Graph:
+        """The compiled step's final IR graph (``print(train.ir)`` shows it)."""
+        return self._exe.graph if self._exe else Graph()
+
+    @property
+    def kernels(self) -> list[str]:
+        """The WGSL source of each kernel the step dispatches."""
+        return [k.wgsl for k in self._exe.kernels if k.threads > 0] if self._exe else []
+
+    @property
+    def peak_bytes(self) -> int:
+        """The GPU memory the step's buffer plan needs at its peak, in bytes."""
+        return self._exe.plan.peak_bytes if self._exe else 0
+
+    @property
+    def step_count(self) -> int:
+        """Completed steps since compile (or the last reset of the optimizer state)."""
+        return self._t
+
+    def __repr__(self) -> str:
+        """One line: the model, params, inputs, optimizer, kernels, step count, device, state
+        (never a buffer's contents)."""
+        inputs = describe.mapping({n: describe.shape(d.shape, d.dtype)
+                                   for n, d in self._decls.items()})
+        model = type(getattr(self, "_model", None)).__name__
+        if self._destroyed or self._store is None:
+            return (f"<tg.Training of {model}: destroyed after {describe.count(self._t, 'step')}"
+                    f", inputs {inputs}>")
+        optimizer = f"{type(self._optimizer).__name__}(lr={self._lr!r})"
+        return (f"<tg.Training of {model}: {describe.count(self.param_count, 'param')} in "
+                f"{describe.count(len(self.param_names), 'tensor')}, inputs {inputs}, "
+                f"{optimizer}, {describe.count(self.kernel_count, 'kernel')}, peak "
+                f"{describe.byte_size(self.peak_bytes)}, {describe.count(self._t, 'step')} "
+                f"done, on {describe.device(self.device)}, "
+                f"{describe.count(len(self._children), 'attached forward')}>")
+
+    # -- steps ---------------------------------------------------------------------------
+    def step(self, **inputs: InputData) -> Coroutine[Any, Any, Result]:
+        """One forward + backward + optimizer update (await it). Returns Completed(loss,
+        captures), Aborted() or Failed(error); a NaN or Inf loss is Failed.
+
+        Each input is a numpy array, a buffer (array.array, memoryview, bytes) or a (nested)
+        list of its declared dtype and size. Data that carries a shape of 2 or more dims must
+        have the declared shape exactly (a transposed ``x.T`` of the right size is a
+        ShapeError, never silently misread); flat data (1-D arrays and buffers, flat lists) of
+        the right size is read in row-major order; a single value fits a one-element shape.
+
+        The inputs are checked and copied when step is called, and calls on this training
+        (steps, uploads, resets, forward runs) run one at a time in call order. A step called
+        before replace_model/destroy returns Aborted if it had not finished.
+
+        Cancellation (``task.cancel()``, ``asyncio.wait_for`` timing out, ``asyncio.run``
+        ending): a call cancelled while it still waits for its turn behind other calls never
+        runs. A call that has started runs to its end whether or not anything still awaits
+        it: a step that reached the GPU is applied whole and counted (step counter, PRNG
+        counter, LR schedule position), as are uploads and resets; the cancelled awaiter
+        gets ``CancelledError`` at once, and the calls made after it run after it."""
+        return self._call("step", inputs, self._step)
+
+    async def _step(self, shapes: Shapes, data: dict[str, bytes]) -> Result:
+        exe = self._exe
+        if exe is None:
+            raise AbortError("no graph")
+        t = self._t + 1
+        feeds = dict(data)
+        for name, value in self._opt.host_scalars(self._lr, t).items():
+            feeds[name] = scalar_bytes(value, "f32")
+        self._feed_seed(exe, feeds)
+        out, caps, applied = await exe.run(feeds)
+        loss = scalar(out)
+        if not math.isfinite(loss) or not applied:
+            return Failed(FloatingPointError(await self._skipped(exe, data, loss, t)))
+        self._t = t
+        return Completed(loss=loss, captures=Captures(caps))
+
+    async def _skipped(self, exe: Executable, data: Mapping[str, bytes], loss: float, t: int
+                       ) -> str:
+        """Why step `t` was skipped (looked up after the fact: a good step pays nothing)."""
+        skipped = "the update was skipped, params and optimizer state are unchanged"
+        culprit = non_finite_input(data, self._dtypes) or exe.sentinel_only_input(data)
+        if culprit:
+            what = f"loss is {loss}" if not math.isfinite(loss) else \
+                f"the loss is finite ({loss:.6g}) but a gradient is not"
+            return f"{what} at step {t}: {skipped}; {culprit}"
+        if not math.isfinite(loss):
+            param = await non_finite_param(self._live_store())
+            return f"loss is {loss} at step {t}: {skipped}" + (
+                f"; {param} (params must be finite: check what was uploaded)" if param else
+                " (training diverged: lower the learning rate, clip gradients)")
+        grad = await non_finite_grad(exe, self._grads)
+        if grad:
+            return (f"the loss is finite ({loss:.6g}) but a gradient is not at step {t}: "
+                    f"{skipped}; {grad} (training diverged: lower the learning rate, clip "
+                    "gradients)")
+        what, where = await non_finite_update(exe, self._grads)
+        return (f"the update would make {what} non-finite at step {t}"
+                + (f" ({where})" if where else "") + f": {skipped}; lower the learning rate "
+                "(or clip gradients with clip_grad_norm)")
+
+    # -- params and state ----------------------------------------------------------------
+    def download_param_grads(self) -> Coroutine[Any, Any, dict[str, HostArray]]:
+        """{name: array}: the gradients computed by the last step (zeros before any)."""
+        async def read() -> dict[str, HostArray]:
+            names = list(self._grads)
+            values = await self._live_exe().read([self._grads[n] for n in names])
+            return dict(zip(names, values))
+        return self._queue.submit(read)
+
+    def reset(self, params: bool = True, optimizer: bool = True) -> Coroutine[Any, Any, None]:
+        """Re-initialise params (same seed, same values as at compile) and/or optimizer
+        state (zeros, step counter 0), in call order with the steps."""
+        async def reset() -> None:
+            if params:
+                self._live_store().reset()
+            if optimizer:
+                self._zero_optimizer_state()
+        return self._queue.submit(reset)
+
+    def reset_optimizer_state(self) -> Coroutine[Any, Any, None]:
+        """Zero every optimizer state buffer and restart the step counter."""
+        async def reset() -> None:
+            self._zero_optimizer_state()
+        return self._queue.submit(reset)
+
+    def _zero_optimizer_state(self) -> None:
+        exe = self._live_exe()
+        for node in exe.graph.states.values():
+            init = float(node.attrs.get("init", 0.0))
+            exe.write(node.id, to_bytes("state", [init] * node.size, node.shape, "f32"))
+        self._t = 0
+
+    def set_lr(self, lr: LR) -> Coroutine[Any, Any, None]:
+        """Replace the learning rate or schedule (checked when called); it applies from the
+        next step after the calls made before this one, a schedule starting there."""
+        self._live_exe()
+        rebase(lr, 1)  # checks it now
+
+        async def apply() -> None:
+            self._live_exe()
+            self._lr = rebase(lr, self._t + 1)
+        return self._queue.submit(apply)
+
+    def replace_model(self, model: Module, seed: int | None = None,
+                      optimizer: OptimizerConfig | None = None) -> Coroutine[Any, Any, None]:
+        """Swap in a new model (fresh params, optimizer state and step counter). Calls made
+        before it return Aborted if they had not finished; attached forwards retrace against
+        the new model. The rebuild runs once the calls before it are done."""
+        self._live_exe()
+        if seed is not None:
+            check_seed(seed)  # a bad seed raises now, not inside the queue
+        self._generation += 1
+        for child in self._children:
+            child._invalidate()
+
+        async def rebuild() -> None:
+            old_exe, old_store = self._exe, self._store
+            self._build(model, optimizer if optimizer is not None else self._optimizer, seed)
+            if old_exe is not None:
+                old_exe.destroy()
+            if old_store is not None:
+                old_store.destroy()
+        return self._queue.submit(rebuild)
+
+    async def attach(self, forward: Callable[..., Tensor], inputs: Mapping[str, InputSpec],
+                     output: DType = "f32", max_cached_shapes: int = 8) -> Forward:
+        """A forward graph sharing this training's param buffers; its runs take their turn
+        with the steps. `inputs` may leave one dim per input as None, the same size for all
+        (``{"x": (None, 1)}``): each run resolves it from the data (length / the other dims)
+        and a new size is compiled on first use, the last `max_cached_shapes` kept."""
+        self._live_exe()
+        child = Forward(self.device, forward, inputs, output, max_cached_shapes,
+                        self._chunk_size, owner=self, fuse=self._fuse, tiered=self._tiered)
+        self._children.append(child)
+        return child
+
+    def destroy(self) -> None:
+        """Free every GPU resource; pending and later calls return Aborted."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._generation += 1
+        for child in self._children:
+            child.destroy()
+        if self._exe is not None:
+            self._exe.destroy()
+        if self._store is not None:
+            self._store.destroy()
+        self._exe = self._store = None
+
+
+def _fixed_shape(decl: InputDecl) -> tuple[int, ...]:
+    """A training input's shape: every dim given (normalize_inputs refused a None dim)."""
+    dims = tuple(d for d in decl.shape if d is not None)
+    assert len(dims) == len(decl.shape), decl
+    return dims
+
+
+__all__ = ["Training"]
