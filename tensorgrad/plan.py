@@ -177,7 +177,8 @@ def _views(graph: Graph, layout_ops: Mapping[str, LayoutOp], special: set[int]
     views: dict[int, tuple[int, int]] = {}
     for node in graph.nodes:
         op = layout_ops.get(node.op)
-        if op is None or op.view is None or node.id in special or not node.inputs:
+        if op is None or op.view is None or node.id in special or not node.inputs or \
+                node.dtype != graph[node.inputs[0]].dtype:  # (a view never converts)
             continue
         offset = op.view(node, graph[node.inputs[0]])
         if offset is not None:

@@ -11,6 +11,8 @@ unless
 * its op keeps f32 (:data:`F32_OPS`): sums and means (their results are few and gather the
   range of many values) and `exp` (f16 overflows past e^11), as the f32 list of PyTorch's
   autocast keeps them; a constant that f16 cannot hold (``|value| > 65504``) stays f32 too;
+* it is a view (a reshape, a contiguous slice) of an f32 tensor: a view reads its input's
+  bytes as they are, so it keeps its input's dtype;
 * it adds up a param's gradient (:func:`gradient_chain`): the matmul or scatter that makes a
   param's gradient, and the additions and layout ops between it and the gradient, stay f32, so
   a gradient's partial sums never overflow f16 (the loss scale makes them large).
@@ -28,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from ..ir import LEAF_OPS, Graph, Node
+from ..ops.registry import OPS
 
 F32_OPS = frozenset({"sum_to_shape", "sum_partials", "sum_last", "mean_last", "exp"})
 """Ops whose results stay f32 under mixed precision (reductions, and exp)."""
@@ -67,7 +70,11 @@ def store_half(graph: Graph, roots: Iterable[int]) -> tuple[Graph, dict[int, int
     docstring); node ids are unchanged."""
     kept = gradient_chain(graph, set(roots) | set(graph.outputs) | set(graph.captures.values()))
     out = Graph(outputs=list(graph.outputs), captures=dict(graph.captures))
-    out.nodes = [n if _keeps_f32(n, kept) else replace(n, dtype="f16") for n in graph.nodes]
+    for n in graph.nodes:
+        half = not _keeps_f32(n, kept)
+        if half and OPS[n.op].view is not None:  # a view reads its input's bytes as they are
+            half = out.nodes[n.inputs[0]].dtype == "f16"
+        out.nodes.append(replace(n, dtype="f16") if half else n)
     return out, {n.id: n.id for n in graph.nodes}
 
 
