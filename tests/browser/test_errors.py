@@ -241,4 +241,4 @@ def test_mixed_precision_without_shader_f16_rejects_with_feature_error(models: P
     }""")
     assert out.get("name") == "FeatureError", out
     assert re.search(r"precision='mixed' needs the WebGPU feature 'shader-f16' .* the device "
-                     r"on .*SwiftShader.* does not have", out["message"], re.I), out
+                     r"on .*SwiftShader.* does not have", out["message"], re.IGNORECASE), out

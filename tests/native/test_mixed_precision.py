@@ -35,8 +35,12 @@ def _train(device: Any, name: str, precision: str, steps: int, batches: Any = No
             for k in range(steps):
                 data = batches(k) if batches else b.batches[k % len(b.batches)]
                 r = await train.step(**data)
-                assert r.kind == "completed" and not r.skipped, (name, precision, k, r)
+                assert r.kind == "completed", (name, precision, k, r)
                 losses.append(r.loss)
+            # an overflow now and then is loss scaling at work (GradScaler's 2^16 start)
+            assert train.skipped_steps <= steps // 10, (name, train.skipped_steps)
+            print(f"{name} {precision}: {train.skipped_steps} skipped, scale "
+                  f"{train.loss_scale}")
         finally:
             train.destroy()
         return losses
