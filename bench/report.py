@@ -196,7 +196,8 @@ def bench_torch(torch: Any, bench: Bench, steps: int, warmup: int,
         loss = train_step(tb, model, batches[i % len(batches)], dev)
     wall = time.perf_counter() - t0
     return {"steps_per_s": steps / wall, "step_ms": wall / steps * 1e3, "loss": loss,
-            "warmup_ms": round(first_ms, 1)}
+            "warmup_ms": round(first_ms, 1),
+            "autocast": str(tb.amp[1]).removeprefix("torch.") if tb.amp else None}
 
 
 def try_torch(torch: Any, bench: Bench, steps: int, warmup: int, compiled: bool,

@@ -88,14 +88,33 @@ def test_the_addition_transformer_trains_as_in_f32(gpu_device) -> None:
              _train(gpu_device, "transformer", "mixed", 60, batches), rel=0.05, drop=0.7)
 
 
+def _patch_digits(k: int) -> dict[str, Any]:
+    """A learnable stand-in for MNIST: noise with a bright 6x6 patch whose place (one of 10)
+    is the label."""
+    from bench.models import load_demo
+
+    demo = load_demo("mnist_cnn")
+    rng = np.random.default_rng(k)
+    labels = rng.integers(0, 10, demo.BATCH)
+    x = rng.uniform(0, 0.3, (demo.BATCH, 1, demo.SIDE, demo.SIDE)).astype(np.float32)
+    for i, y in enumerate(labels):
+        r, c = 2 + 12 * (y // 5), 2 + 5 * (y % 5)
+        x[i, 0, r:r + 6, c:c + 6] = 1.0
+    return {"x": x, "y": labels.astype(np.int32)}
+
+
 def test_the_mnist_cnn_trains_as_in_f32(gpu_device) -> None:
-    _compare(_train(gpu_device, "cnn", "f32", 30), _train(gpu_device, "cnn", "mixed", 30),
-             rel=0.05, drop=0.7)
+    """The demo's CNN learns the patch task (cross-entropy 2.30 to about 1e-3 in 30 steps):
+    within 5% plus 0.01 nats of f32 at every window (the relative gap near zero loss is noise)."""
+    _compare(_train(gpu_device, "cnn", "f32", 30, _patch_digits),
+             _train(gpu_device, "cnn", "mixed", 30, _patch_digits), rel=0.05, drop=0.05,
+             atol=0.01)
 
 
 def test_a_gpt_trains_as_in_f32(gpu_device) -> None:
+    """The tiny GPT at lr 3e-4 on its 4 fixed batches: 4.19 to about 3.07 in 100 steps."""
     assert make_bench("gpt", quick=True).config["gpt"] == GPT_TINY
-    _compare(_train(gpu_device, "gpt", "f32", 40), _train(gpu_device, "gpt", "mixed", 40),
+    _compare(_train(gpu_device, "gpt", "f32", 100), _train(gpu_device, "gpt", "mixed", 100),
              rel=0.05, drop=0.8)
 
 
