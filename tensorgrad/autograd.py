@@ -7,7 +7,7 @@ input's shape, once, here (:func:`backward`), so no rule unbroadcasts by itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from .errors import ShapeError
 from .ir import LEAF_OPS, Graph, Node, Shape
@@ -67,12 +67,19 @@ def backward(graph: Graph, seeds: Mapping[int, Tensor]) -> dict[int, Tensor]:
     return cot
 
 
-def append_grad(graph: Graph, loss: int) -> dict[str, int]:
-    """Append nodes computing d(loss)/d(param) for every f32 param of `graph`.
+def append_grad(graph: Graph, loss: int, frozen: Collection[str] = ()) -> dict[str, int]:
+    """Append nodes computing d(loss)/d(param) for every f32 param of `graph` but those named
+    in `frozen` (`Module.freeze`: they get no gradient, so the optimizer leaves them alone and
+    dead-code elimination drops the backward nodes only they would read).
 
     Returns {param name: gradient node id}. A param with no path to the loss gets a zero
     gradient. `stop_gradient`, non-differentiable ops and non-f32 paths contribute nothing."""
     from . import ops
+
+    unknown = sorted(set(frozen) - set(graph.params))
+    if unknown:
+        raise ValueError(f"append_grad: frozen names {unknown} are not params of the graph "
+                         f"(params: {list(graph.params)})")
 
     loss_node = graph[loss]
     if loss_node.shape != ():
@@ -86,7 +93,7 @@ def append_grad(graph: Graph, loss: int) -> dict[str, int]:
         cot = backward(graph, {loss: ops.full((), 1.0)})
         grads_out: dict[str, int] = {}
         for name, p in graph.params.items():
-            if p.dtype != "f32":
+            if p.dtype != "f32" or name in frozen:
                 continue
             g = cot.get(p.id)
             grads_out[name] = g.id if g is not None else ops.full(p.shape, 0.0).id

@@ -220,7 +220,7 @@ def _trace(c: Compilation, o: Options) -> None:
 def _autograd(c: Compilation, o: Options) -> None:
     if c.training:  # (each checks that the loss is a 0-d f32 tensor)
         grad = append_scaled_grad if o.mixed else append_grad
-        c.grads = grad(c.graph, c.output)
+        c.grads = grad(c.graph, c.output, c.request.model.frozen_param_names())
 
 
 def _passes(phase: Phase) -> Callable[[Compilation, Options], None]:
@@ -237,6 +237,11 @@ def _optimizer(c: Compilation, o: Options) -> None:
     if c.request.optimizer is None:
         raise ValueError("compile: a training graph needs an optimizer (tg.optim.Adam(...), "
                          "AdamW or SGD)")
+    frozen = c.request.model.frozen_param_names()
+    if not c.grads and frozen:
+        raise TraceError(f"compile: every f32 param of the model is frozen (Module.freeze), so "
+                         f"there is nothing to train (frozen: {frozen}); unfreeze some with "
+                         ".freeze(False), or run the model with tg.compile_forward")
     if not c.grads:
         raise TraceError(f"compile: the model has no f32 params, so there is nothing to train "
                          f"(its params: {list(c.params) or 'none'}); declare params with "

@@ -13,13 +13,21 @@ modules that contains itself is a ValueError naming its attribute path.
 
 Tracing never touches the user's object: :func:`materialize` clones the module tree and puts
 a ``param`` leaf tensor where each placeholder was, on the clone only.
+
+Freezing. ``module.freeze()`` marks every param under `module` frozen (``freeze(False)``
+trainable again); the latest call wins: it clears the marks of the modules below it. A
+training step derives no gradient for a frozen param, and its optimizer neither updates it nor
+keeps state for it (no weight decay either); it is still a param (``upload_params``,
+``download_params``, attached forwards). A param reached both under a frozen module and under
+a trainable one (weight tying) is an error; a child's reference back to its parent is not such
+a path (the parent's params are frozen or not as the parent's own path says).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any, Self, cast
 
 from . import init as _init
 from .errors import ShapeError, TraceError, user_call_site
@@ -30,6 +38,7 @@ from .tensor import Tensor, is_tracing, leaf
 __all__ = ["Module", "Param", "ParamSpec", "materialize"]
 
 PARAM_DTYPES = ("f32", "i32")
+FROZEN = "_tg_frozen"  # the attribute Module.freeze sets on the module it is called on
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,6 +129,23 @@ class Module:
         """The dotted param names, in traversal order (see the module docstring)."""
         return [name for name, _ in _params(self)]
 
+    def freeze(self, frozen: bool = True) -> Self:
+        """Freeze every param of this module and the modules under it (`frozen=False`: make
+        them trainable again), overriding earlier calls on those modules. A training step
+        leaves frozen params as they are: no gradient, no optimizer update or state. Returns
+        the module (``model.features.freeze()`` in `__init__`, or on a built model)."""
+        if not isinstance(frozen, bool):
+            raise TypeError(f"{type(self).__name__}.freeze(frozen={frozen!r}): frozen must be "
+                            "True or False")
+        for module in _walk(self).modules:
+            vars(module).pop(FROZEN, None)
+        vars(self)[FROZEN] = frozen
+        return self
+
+    def frozen_param_names(self) -> list[str]:
+        """The names of the frozen params (see :meth:`freeze`), in `param_names()` order."""
+        return [name for name, _, frozen in _walk(self).checked() if frozen]
+
     def init_params(self, seed: int) -> dict[str, Any]:
         """Initial values ({name: flat array}) as a trace with this seed would produce."""
         return _init.init_params(self.named_params(), seed)
@@ -156,7 +182,7 @@ def _holds_params(obj: Any, path: frozenset[int] = frozenset()) -> bool:
     if isinstance(obj, (Param, Module)):
         return True
     if not isinstance(obj, (list, tuple, dict)) or id(obj) in path:
-        return False  # a container cycle (reported by _params) holds nothing new
+        return False  # a container cycle (reported by _walk) holds nothing new
     inner = path | {id(obj)}
     return any(_holds_params(v, inner) for _, v in _children(obj))
 
@@ -172,36 +198,77 @@ def _cycle_error(root: Module, prefix: str, key: str, value: Any, where: dict[in
         f"itself); keep layers in a plain list or dict")
 
 
-def _params(root: Module) -> list[tuple[str, Param]]:
-    """(dotted name, Param) in traversal order; ValueError naming the attribute path of a
-    list/tuple/dict that contains itself."""
-    out: list[tuple[str, Param]] = []
-    seen: set[int] = set()
-    open_containers: dict[int, str] = {}  # containers on the current path: id -> name
+@dataclass
+class _Tree:
+    """What one walk of a module tree finds (:func:`_walk`)."""
 
-    def walk(obj: Any, prefix: str) -> None:
-        if id(obj) in seen:
-            return
+    params: list[tuple[str, Param, bool]] = field(default_factory=list)  # (name, p, frozen)
+    modules: list[Module] = field(default_factory=list)  # the root and those under it, once
+    conflict: TraceError | None = None  # the first tied param frozen on one path only
+
+    def checked(self) -> list[tuple[str, Param, bool]]:
+        """`params`, or the conflict raised."""
+        if self.conflict is not None:
+            raise self.conflict
+        return self.params
+
+
+def _tie_error(name: str, was: bool, prefix: str, frozen: bool) -> TraceError:
+    state = ("frozen", "trainable")
+    return TraceError(
+        f"param '{name}' is {state[not was]} but is also reached as '{prefix}', where it is "
+        f"{state[not frozen]} (the same param in two places, e.g. tied weights): freeze it in "
+        "both places or in neither")
+
+
+def _walk(root: Module) -> _Tree:
+    """The one walk of the tree under `root`, in the order of the module docstring: each param
+    once, under its first name, with whether it is frozen (as the nearest module marked by
+    `freeze` on that path says; not frozen without one), and each module once.
+
+    A module reached again under the other frozen state is walked again, to find a tied param
+    frozen on one path and trainable on another (`conflict`); a reference back to a module
+    the walk is inside of adds nothing (that module's params are named, and frozen or not, by
+    its own path). ValueError naming the attribute path of a list/tuple/dict that contains
+    itself."""
+    tree = _Tree()
+    first: dict[int, tuple[str, bool]] = {}  # param id -> (its name, frozen)
+    seen: set[tuple[int, bool]] = set()      # (module id, frozen) walked
+    open_: dict[int, str] = {}               # modules and containers on the path: id -> name
+
+    def walk(obj: Any, prefix: str, frozen: bool) -> None:
         if isinstance(obj, Param):
-            seen.add(id(obj))
-            out.append((prefix, obj))
+            if id(obj) not in first:
+                first[id(obj)] = (prefix, frozen)
+                tree.params.append((prefix, obj, frozen))
+            elif first[id(obj)][1] != frozen and tree.conflict is None:
+                tree.conflict = _tie_error(*first[id(obj)], prefix, frozen)
             return
         if isinstance(obj, Module):
-            seen.add(id(obj))
-        else:
-            open_containers[id(obj)] = prefix
+            frozen = vars(obj).get(FROZEN, frozen)
+            if id(obj) in open_ or (id(obj), frozen) in seen:
+                return
+            if (id(obj), not frozen) not in seen:
+                tree.modules.append(obj)
+            seen.add((id(obj), frozen))
+        open_[id(obj)] = prefix
         for key, value in _children(obj):
             if isinstance(value, (list, tuple, dict)):
                 if not _holds_params(value):
                     continue  # plain data (even a self-referencing one) is not walked
-                if id(value) in open_containers:
-                    raise _cycle_error(root, prefix, key, value, open_containers)
+                if id(value) in open_:
+                    raise _cycle_error(root, prefix, key, value, open_)
             if isinstance(value, (Param, Module, list, tuple, dict)):
-                walk(value, f"{prefix}.{key}" if prefix else key)
-        open_containers.pop(id(obj), None)
+                walk(value, f"{prefix}.{key}" if prefix else key, frozen)
+        del open_[id(obj)]
 
-    walk(root, "")
-    return out
+    walk(root, "", False)
+    return tree
+
+
+def _params(root: Module) -> list[tuple[str, Param]]:
+    """(dotted name, Param) in traversal order (see :func:`_walk` for its errors)."""
+    return [(name, p) for name, p, _ in _walk(root).checked()]
 
 
 def _clone(obj: Any, prefix: str, memo: dict[int, Any],

@@ -23,6 +23,7 @@ fallback; choose f32 yourself where the feature is missing (see :func:`check_pre
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from .autograd import append_grad
@@ -122,18 +123,20 @@ class LossScaler:
         self.good_steps = 0
 
 
-def append_scaled_grad(graph: Graph, loss: int) -> dict[str, int]:
+def append_scaled_grad(graph: Graph, loss: int, frozen: Collection[str] = ()
+                       ) -> dict[str, int]:
     """Gradients of ``loss * LOSS_SCALE`` (two hidden 0-d inputs appear: the scale and its
-    inverse), each multiplied by ``LOSS_UNSCALE``: {param name: unscaled gradient node}."""
+    inverse), each multiplied by ``LOSS_UNSCALE``: {param name: unscaled gradient node}, for
+    every param but the `frozen` ones (as :func:`~tensorgrad.autograd.append_grad`)."""
     from . import ops
 
     node = graph[loss]
     if (node.shape, node.dtype) != ((), "f32"):
-        append_grad(graph, loss)  # raises the error of a loss that is not a 0-d f32
+        append_grad(graph, loss, frozen)  # raises the error of a loss that is not a 0-d f32
     with tracing(graph, capture=False):
         scale = leaf("input", LOSS_SCALE, (), "f32")
         scaled = ops.mul(Tensor(graph, loss), scale)
-    grads = append_grad(graph, scaled.id)
+    grads = append_grad(graph, scaled.id, frozen)
     with tracing(graph, capture=False):
         unscale = leaf("input", LOSS_UNSCALE, (), "f32")
         return {name: ops.mul(Tensor(graph, g), unscale).id for name, g in grads.items()}

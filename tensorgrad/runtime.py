@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 class ParamStore:
     """The params on the GPU, shared by every graph compiled against them: the f32 params in
     one arena buffer (each a 256-byte aligned slice, at the offsets `layout` gives, as the
-    optimizer packed them), other dtypes in buffers of their own."""
+    optimizer packed them, and those the layout leaves out, the frozen ones, after them),
+    other dtypes in buffers of their own."""
 
     def __init__(self, device: GPUDevice, specs: Mapping[str, ParamSpec], seed: int,
                  layout: Mapping[str, int] | None = None):
@@ -61,10 +62,16 @@ class ParamStore:
         if layout is None:
             offsets, _ = arena_layout([self.specs[n].size for n in f32])
             layout = dict(zip(f32, offsets))
-        if sorted(layout) != sorted(f32):
-            raise ValueError(f"param arena layout {sorted(layout)} does not match the f32 "
-                             f"params {sorted(f32)}")
+        if not set(layout) <= set(f32):
+            raise ValueError(f"param arena layout {sorted(layout)} names params that are not "
+                             f"f32 params of the model {sorted(f32)}")
         self.layout = dict(layout)
+        rest = [n for n in f32 if n not in layout]  # frozen: the optimizer did not pack them
+        if rest:
+            end = max([self.layout[n] + self.specs[n].size for n in layout], default=0)
+            start = -(-end // ALIGN) * ALIGN
+            offsets, _ = arena_layout([self.specs[n].size for n in rest])
+            self.layout.update({n: start + o for n, o in zip(rest, offsets)})
         size = max([self.layout[n] + self.specs[n].size for n in f32], default=0)
         self._check_limits(device.limits, 4 * size if f32 else 0)
         arena = device.create_buffer(4 * max(size, ALIGN), "params") if f32 else None

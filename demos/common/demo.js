@@ -194,11 +194,23 @@ export class Demo {
     }
   }
 
+  /** The settings main.py reads (DEMO_CONFIG): the page's, and where its files are. */
+  scriptConfig() {
+    return { ...this.cfg, base_url: new URL("./", location.href).href,
+             data_url: new URL("../../data/", location.href).href };
+  }
+
+  /** Define main.py's functions in the worker without running main() (its source run with
+   *  the page's settings), so the page can call them before the first Start. */
+  async define() {
+    await this.session.exec(`DEMO_CONFIG = ${pyJson(this.scriptConfig())}`);
+    await this.session.exec(this.source);
+  }
+
   /** Run main.py until its step budget is spent or Stop; resolves with its figures. */
   run() {
     if (this.running || !this.session) return this.running;
-    const config = { ...this.cfg, base_url: new URL("./", location.href).href,
-                     data_url: new URL("../../data/", location.href).href };
+    const config = this.scriptConfig();
     this.status("training…");
     this.running = (async () => {
       try {
@@ -260,7 +272,7 @@ export class Demo {
 export function defaultSummary(f) {
   const num = (v) => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : String(v));
   const skip = new Set(["steps", "run_steps", "stopped", "loss", "loss_avg10", "wall_steps_per_s"]);
-  const rest = Object.entries(f).filter(([k, v]) => !skip.has(k) && v !== null && typeof v !== "object")
+  const rest = Object.entries(f).filter(([k, v]) => !skip.has(k) && v != null && typeof v !== "object")
     .map(([k, v]) => `${k.replaceAll("_", " ")} ${num(v)}`);
   return `done: ${f.steps} steps, loss ${num(f.loss)} (last 10: ${num(f.loss_avg10)}), ${rest.join(", ")}`;
 }

@@ -277,6 +277,28 @@ class Script:
                 f"{1000 * (time.perf_counter() - t0):.0f} ms")
         return self.state[key]
 
+    async def file(self, name: str) -> bytes:
+        """A file that lives beside the demo's main.py (committed weights, say): fetched from
+        the page's folder in the browser, read natively; once per worker."""
+        key = f"file:{name}"
+        if key not in self.state:
+            t0 = time.perf_counter()
+            base = self.cfg.get("base_url", "")
+            if in_pyodide() and base:
+                from pyodide.http import pyfetch  # type: ignore[import-not-found]
+
+                response = await pyfetch(f"{base}{name}")
+                if not response.ok:
+                    raise OSError(f"GET {base}{name}: HTTP {response.status}")
+                blob = await response.bytes()
+            else:
+                here = Path(self.ns.get("__file__") or DEMOS / self.name / "main.py")
+                blob = here.with_name(name).read_bytes()
+            self.state[key] = blob
+            log(f"loaded {name}: {len(blob):,} bytes in "
+                f"{1000 * (time.perf_counter() - t0):.0f} ms")
+        return self.state[key]
+
     async def mnist(self, split: str, lo: float = 0.0, hi: float = 1.0) -> Digits:
         """MNIST `split` ("train": 8,000 digits, "test": 2,000), pixels scaled to lo..hi
         (fetched once per worker; the first fetch logs where the digits come from)."""

@@ -404,7 +404,10 @@ export function barChart(canvas, values, { labels = [], title = "", color = COLO
   if (!values?.length) return;
   const best = values.indexOf(Math.max(...values));
   const rowH = (h - top - 4) / values.length;
-  const left = 28, right = 52, bw = w - left - right;
+  // the labels' column as wide as the widest label (class names), at most a third
+  const widest = Math.max(12, ...values.map((_, i) => ctx.measureText(String(labels[i] ?? i)).width));
+  const left = Math.min(Math.round(w / 3), Math.ceil(widest) + 16), right = 52;
+  const bw = w - left - right;
   ctx.textBaseline = "middle";
   for (let i = 0; i < values.length; i++) {
     const y = top + i * rowH;

@@ -2,8 +2,9 @@
 worker>``), and tensorgrad runs in-process there: ``tg.compile`` and every step use the
 worker's own ``navigator.gpu``; no second worker, no second Pyodide.
 
-The page's main thread only draws: each message posted with ``xworker.postMessage`` (a JSON
-string) carries the losses since the last one, and at the end the fit over a grid. URL
+The page's main thread only draws (the demos' shared shell): each message posted with
+``xworker.postMessage`` (a JSON string) carries the losses since the last one, and every
+``every`` steps the model's fit over a grid. URL
 parameters: ``steps`` (most steps, 2000), ``target`` (stop once the mean of the last 10 losses
 is below it, 0.01), ``seed`` (1), ``every`` (post every N steps, 25).
 """
@@ -69,6 +70,16 @@ async def settings() -> dict:
     return cfg
 
 
+async def fit_of(predict: tg.Forward, step: int) -> dict:
+    """The model over the plot grid against sin(x): {step, xs, target, pred, mse}."""
+    xs = [-math.pi + 2 * math.pi * i / (GRID - 1) for i in range(GRID)]
+    out = (await predict.run(x=xs)).output
+    pred = [float(v) for v in memoryview(out).cast("B").cast("f")]
+    target = [math.sin(x) for x in xs]
+    mse = sum((p - t) ** 2 for p, t in zip(pred, target)) / GRID
+    return {"step": step, "xs": xs, "target": target, "pred": pred, "mse": mse}
+
+
 async def main() -> None:
     """Check WebGPU, compile, train until the target, post progress and the fit."""
     t_up = time.perf_counter()
@@ -83,6 +94,7 @@ async def main() -> None:
     predict = await train.attach(forward=lambda m, x: m(x), inputs={"x": (None, 1)})
     post("compiled", ms=1000 * (time.perf_counter() - t0), kernels=train.kernel_count,
          device=train.device.description)
+    post("fit", fit=await fit_of(predict, 0))
     rng = random.Random(cfg["seed"])
     losses: list[float] = []
     sent, reached, t1 = 0, None, time.perf_counter()
@@ -102,15 +114,14 @@ async def main() -> None:
             post("losses", start=sent, values=losses[sent:],
                  rate=step / (time.perf_counter() - t1))
             sent = len(losses)
+            if not reached:
+                post("fit", fit=await fit_of(predict, step))
         if reached:
             break
-    grid = [-math.pi + 2 * math.pi * i / (GRID - 1) for i in range(GRID)]
-    out = (await predict.run(x=grid)).output
-    pred = [float(v) for v in memoryview(out).cast("B").cast("f")]
-    fit_mse = sum((p - math.sin(x)) ** 2 for p, x in zip(pred, grid)) / GRID
-    post("done", xs=grid, pred=pred, figures={
+    fit = await fit_of(predict, len(losses))
+    post("done", fit=fit, figures={
         "steps": len(losses), "steps_to_target": reached, "loss_avg10": avg10,
-        "fit_mse": fit_mse, "kernels": train.kernel_count, "device": train.device.description,
+        "fit_mse": fit["mse"], "kernels": train.kernel_count, "device": train.device.description,
         "mode": support.mode, "steps_per_s": len(losses) / (time.perf_counter() - t1)})
     train.destroy()
 

@@ -6,6 +6,7 @@ each page is saved under pytest's tmp dir and read back to check the plots are d
 from __future__ import annotations
 
 import base64
+import math
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,7 +120,8 @@ def check_log_is_console(demo: DemoPage) -> list[str]:
 
 ALL_DEMOS = ("mlp_sin", "addition_transformer", "makemore", "pokeformer", "digit_canvas",
              "mnist_cnn", "flow_matching", "vae", "nerf", "kan", "cartpole", "tic_tac_toe",
-             "pyscript_mlp", "pyscript_worker")  # the twelve upstream samples, the PyScript pages
+             "pyscript_mlp", "pyscript_worker", "transfer")  # the twelve upstream samples,
+# the PyScript pages and the transfer-learning page
 
 
 def test_index_links_to_every_demo_with_a_thumbnail(web_url: str) -> None:
@@ -294,6 +296,80 @@ def test_digit_canvas_draws_predicts_swaps_and_saves(open_demo: Any) -> None:
     demo.page.wait_for_function("document.getElementById('saved').textContent.startsWith('loaded H=128')",
                                 timeout=WAIT_MS)
     assert demo.page.evaluate("document.getElementById('hidden').value") == "128"
+    assert not demo.errors, demo.errors
+
+
+def draw(demo: DemoPage, points: list[tuple[float, float]]) -> None:
+    """One stroke through `points` (fractions of the drawing pad's width and height)."""
+    box = demo.page.locator("#pad").bounding_box()
+    at = [(box["x"] + fx * box["width"], box["y"] + fy * box["height"]) for fx, fy in points]
+    demo.page.mouse.move(*at[0])
+    demo.page.mouse.down()
+    for x, y in at[1:]:
+        demo.page.mouse.move(x, y, steps=4)
+    demo.page.mouse.up()
+
+
+def line(x0: float, y0: float, x1: float, y1: float) -> list[tuple[float, float]]:
+    return [(x0 + (x1 - x0) * k / 10, y0 + (y1 - y0) * k / 10) for k in range(11)]
+
+
+def ring(cx: float, cy: float, r: float) -> list[tuple[float, float]]:
+    return [(cx + r * math.cos(2 * math.pi * k / 16), cy + r * math.sin(2 * math.pi * k / 16))
+            for k in range(17)]
+
+
+def test_transfer_demo_trains_a_head_on_drawn_classes_over_a_frozen_extractor(
+        open_demo: Any, tmp_path: Path) -> None:
+    """The built-in quick start (a new head on the frozen pretrained extractor learns 7, 8,
+    9 from 8 examples each) runs in the worker; then three classes are drawn with the mouse
+    (vertical strokes, horizontal strokes, rings; 3 each), named, trained on, and a new
+    drawing gets a live prediction of its class. The extractor stays bit-identical."""
+    demo = open_demo("transfer", "?autostart=1&seed=1&steps=60&every=20")
+    figures = demo.wait_done()
+    print(f"\ntransfer demo (browser): {figures}")
+    assert figures["steps"] == 60 and figures["held_out"] == 629, figures
+    assert figures["held_out_acc"] >= 0.88 and figures["train_acc"] == 1, figures
+    assert figures["extractor_unchanged"] and figures["features"] == "pretrained", figures
+    check_log_is_console(demo)
+    assert demo.text("s-frozen") == "unchanged"
+    shot = tmp_path / "transfer.png"
+    px = demo.screenshot_pixels(shot, ["loss", "acc", "shown", "ex0", "pad"],
+                                {"blue": LOSS_BLUE})
+    print(f"screenshot {shot}: {px}")
+    for canvas in ("loss", "acc", "shown", "ex0", "pad"):
+        assert px[canvas]["ink"] > 0.02 * px[canvas]["pixels"], (canvas, px)
+
+    demo.page.click("#forget")
+    shapes = {"vertical": [line(0.5, 0.15, 0.5, 0.85), line(0.35, 0.2, 0.4, 0.8),
+                           line(0.6, 0.1, 0.55, 0.9)],
+              "flat": [line(0.15, 0.5, 0.85, 0.5), line(0.2, 0.3, 0.8, 0.35),
+                       line(0.1, 0.7, 0.9, 0.65)],
+              "ring": [ring(0.5, 0.5, 0.3), ring(0.45, 0.5, 0.22), ring(0.5, 0.45, 0.35)]}
+    for i, (name, strokes) in enumerate(shapes.items()):
+        demo.page.fill(f"#name{i}", name)
+        for stroke in strokes:
+            draw(demo, stroke)
+            demo.page.click(f"#add{i}")
+    assert demo.page.evaluate("window.tgTransfer.classes()") == [
+        {"name": name, "count": 3} for name in shapes]
+    demo.page.click("#train")
+    demo.page.wait_for_function("""() => { const ev = window.demo.shell.latest();
+        return ev && ev.names[0] === "vertical" && ev.step === 60 && !window.demo.running; }""",
+                                timeout=WAIT_MS)
+    ev = demo.page.evaluate("window.demo.shell.latest()")
+    assert ev["acc"] is None and ev["train_acc"] == 1 and ev["unchanged"], ev
+    assert ev["shown_truth"] == ["vertical"] * 3 + ["flat"] * 3 + ["ring"] * 3, ev
+    assert demo.text("s-acc") == "– (your classes)"
+    before = demo.page.evaluate("window.tgTransfer.predictions()")
+    draw(demo, line(0.45, 0.1, 0.5, 0.9))
+    demo.page.wait_for_function(f"window.tgTransfer.predictions() > {before}", timeout=WAIT_MS)
+    demo.page.evaluate("window.tgTransfer.predict()")  # the whole stroke's prediction
+    probs = demo.page.evaluate("window.tgTransfer.probs()")
+    assert len(probs) == 3 and abs(sum(probs) - 1) < 1e-3, probs
+    assert probs.index(max(probs)) == 0, probs
+    assert demo.text("s-pred").startswith("vertical ("), demo.text("s-pred")
+    demo.page.screenshot(path=str(tmp_path / "transfer-own-classes.png"), full_page=True)
     assert not demo.errors, demo.errors
 
 

@@ -242,7 +242,7 @@ def test_pyscript_worker_demo_trains_in_process_while_the_page_ticks(
     print(f"screenshot pixels: {px}")
     assert px["loss"]["blue"] > 300, px
     assert px["fit"]["orange"] > 300 and px["fit"]["gray"] > 300, px
-    assert int(w.page.evaluate("document.getElementById('loss').dataset.points")) == \
+    assert int(w.page.evaluate("document.getElementById('loss').dataset.longest")) == \
         fig["steps"]
     assert not w.foreign_requests(web_url), w.foreign_requests(web_url)
     assert not w.errors, w.errors

@@ -6,6 +6,8 @@ next steps give the bits of a run where nothing was cancelled."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -35,12 +37,29 @@ async def compile_deep(device: Any) -> tg.Training:
                             chunk_size=4)
 
 
-async def on_the_gpu(queue: Any, call: asyncio.Future) -> None:
-    """Until the queue's running call (the one just made) is inside its GPU work."""
-    while not queue._busy:
-        await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    assert not call.done(), "the call finished before it could be cancelled"
+@contextlib.asynccontextmanager
+async def on_the_gpu(device: Any, call: asyncio.Future) -> AsyncIterator[None]:
+    """Inside: the running call (the one just made) is held inside its GPU work, paused at
+    its first wait for a submitted chunk; on leaving, it goes on. Holding it there makes the
+    test the same on any machine: a fast GPU (lavapipe on many cores) can finish a whole step
+    without the event loop ever seeing it busy."""
+    reached, release = asyncio.Event(), asyncio.Event()
+    wait = device._wait
+
+    async def held_wait(done: Any, fence: Any) -> None:
+        if not reached.is_set():
+            reached.set()
+            await release.wait()
+        await wait(done, fence)
+
+    device._wait = held_wait
+    try:
+        await asyncio.wait_for(reached.wait(), 60)
+        assert not call.done(), "the call finished before it could be cancelled"
+        yield
+    finally:
+        release.set()
+        del device._wait
 
 
 _reference: dict[str, Any] = {}
@@ -66,10 +85,10 @@ def test_a_step_cancelled_on_the_gpu_is_applied_and_counted(gpu_device) -> None:
     async def go() -> None:
         train = await compile_deep(gpu_device)
         step = asyncio.ensure_future(train.step(**batch(0)))
-        await on_the_gpu(train._queue, step)
-        step.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await step
+        async with on_the_gpu(gpu_device, step):
+            step.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await step
         assert bits(await train.download_params()) == ref[0]   # the whole update landed
         assert train.step_count == 1                            # and was counted
         for k in (1, 2):
@@ -104,10 +123,10 @@ def test_a_step_cancelled_in_the_queue_never_runs(gpu_device) -> None:
         train = await compile_deep(gpu_device)
         first = asyncio.ensure_future(train.step(**batch(0)))
         queued = asyncio.ensure_future(train.step(**batch(7)))
-        await on_the_gpu(train._queue, first)
-        queued.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await queued
+        async with on_the_gpu(gpu_device, first):
+            queued.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await queued
         assert (await first).kind == "completed"
         assert train.step_count == 1
         assert bits(await train.download_params()) == ref[0]
@@ -130,7 +149,8 @@ def test_a_step_left_running_when_its_event_loop_ends_completes(gpu_device) -> N
     async def leave_a_step() -> None:
         step = asyncio.ensure_future(train.step(**batch(0)))
         asyncio.ensure_future(train.step(**batch(7)))  # queued: withdrawn at the loop's end
-        await on_the_gpu(train._queue, step)
+        async with on_the_gpu(gpu_device, step):
+            pass
 
     run(leave_a_step())
     assert train.step_count == 1
@@ -156,12 +176,12 @@ def test_uploads_resets_and_lr_changes_cancelled_in_the_queue_never_run(gpu_devi
         queued = [asyncio.ensure_future(c) for c in (
             train.upload_params(zeros), train.reset(), train.reset_optimizer_state(),
             train.set_lr(0.0))]
-        await on_the_gpu(train._queue, first)
-        for call in queued:
-            call.cancel()
-        for call in queued:
-            with pytest.raises(asyncio.CancelledError):
-                await call
+        async with on_the_gpu(gpu_device, first):
+            for call in queued:
+                call.cancel()
+            for call in queued:
+                with pytest.raises(asyncio.CancelledError):
+                    await call
         assert (await first).kind == "completed"
         for k in (1, 2):
             assert (await train.step(**batch(k))).kind == "completed"
@@ -193,10 +213,10 @@ def test_a_forward_run_cancelled_on_the_gpu_keeps_its_place_in_the_prng_sequence
         got = []
         first = asyncio.ensure_future(forward.run(x=x))
         if cancel_first:
-            await on_the_gpu(forward._queue, first)
-            first.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await first
+            async with on_the_gpu(gpu_device, first):
+                first.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await first
         else:
             got.append((await first).output.tobytes())
         for _ in range(2):

@@ -14,6 +14,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from tensorgrad.web import script as web_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,3 +195,129 @@ def test_pokeformer_beats_the_unigram_baseline_and_samples_in_graph(gpu_device, 
     assert figures["val_loss"] < figures["unigram_loss"] - 0.1, figures
     names = evals[-1]["samples"]
     assert len(names) == 12 and all(n.isalpha() or n == "" for n in names), names
+
+
+def load_transfer_pretrain() -> ModuleType:
+    """demos/transfer/pretrain.py as a module."""
+    spec = importlib.util.spec_from_file_location("tensorgrad_demo_transfer_pretrain",
+                                                  ROOT / "demos" / "transfer" / "pretrain.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_transfer_extractor_gives_its_stated_accuracy(gpu_device) -> None:
+    """The committed extractor.safetensors (well under 1 MB) loads strictly and, with the
+    pretraining classifier saved beside it, classifies the 1,371 held-out test digits 0-6 as
+    well as its metadata says (98.7%)."""
+    import tensorgrad as tg
+
+    pre = load_transfer_pretrain()
+    data = pre.WEIGHTS.read_bytes()
+    meta = pre.read_metadata(data)
+    weights = tg.load_safetensors(data)
+    m = pre.load_model()
+    net = m.PretrainNet()
+    names = {n if n.startswith("features.") else f"pretrain.{n}": n for n in net.param_names()}
+    assert len(data) < 500_000 and set(weights) == set(names), (len(data), sorted(weights))
+    assert meta["made_by"] == "demos/transfer/pretrain.py" and meta["steps"] == "1000", meta
+
+    async def check() -> float:
+        test = await pre.dc.Script({}, "transfer_check", {"seed": 1}).mnist("test")
+        rows = pre.rows_of(test, m.PRETRAIN_CLASSES)
+        assert len(rows) == int(meta["held_out"]) == 1371
+        forward = await tg.compile_forward(model=net, forward=m.classify_fn,
+                                           inputs=m.PREDICT_INPUTS, output="i32",
+                                           device=gpu_device, seed=0)
+        await forward.upload_params({names[k]: v for k, v in weights.items()})
+        return await pre.accuracy(forward, test, rows, [test.labels[r] for r in rows])
+
+    acc = asyncio.run(check())
+    print(f"\ntransfer extractor: held-out 0-6 accuracy {acc:.4f}, stated "
+          f"{meta['held_out_acc']} ({meta['device']})")
+    assert acc >= 0.985 and abs(acc - float(meta["held_out_acc"])) < 0.002, (acc, meta)
+
+
+def test_transfer_pretrain_py_makes_the_committed_weights_again(gpu_device) -> None:
+    """pretrain.py with its defaults (1,000 steps: about 1-1.5 minutes on lavapipe) writes
+    the committed file byte for byte on the device it was made on; elsewhere (other float
+    rounding) weights of the same names and shapes, as accurate within 1%."""
+    import tensorgrad as tg
+
+    pre = load_transfer_pretrain()
+    data = pre.WEIGHTS.read_bytes()
+    meta = pre.read_metadata(data)
+    params, figures = asyncio.run(pre.pretrain(device=gpu_device))
+    print(f"\ntransfer pretrain: {figures}")
+    made = tg.save_safetensors(params, pre.metadata(figures))
+    if figures["device"] == meta["device"]:
+        assert made == data, "pretrain.py made other weights on the device of the file"
+    committed = tg.load_safetensors(data)
+    assert {k: v.shape for k, v in tg.load_safetensors(made).items()} == \
+        {k: v.shape for k, v in committed.items()}
+    assert abs(figures["held_out_acc"] - float(meta["held_out_acc"])) < 0.01, (figures, meta)
+
+
+def test_transfer_head_learns_new_digits_from_few_examples_with_a_frozen_extractor(
+        gpu_device, monkeypatch) -> None:
+    """The demo's quick start: a new head on the frozen pretrained extractor, trained on the
+    first 8 training digits of each of 7, 8 and 9 (never seen in pretraining), reaches 90% on
+    the 629 held-out 7-9s (93.0% measured; 5 examples each: 83.0%, stated 80%), while every
+    extractor param stays bit-identical to the committed file. The same frozen extractor at
+    its random init reaches less (88.7%). Then the user's own classes: set_examples, training,
+    a live prediction."""
+    import numpy as np
+
+    import tensorgrad as tg
+
+    mod = load_script("transfer")
+    figures, posts = run_script(mod, gpu_device, monkeypatch, steps=100, every=50, seed=1,
+                                shots=8)
+    evals = kinds(posts, "eval")
+    assert evals[0]["step"] == 0 and evals[-1]["n"] == 629, evals[0]
+    assert figures["held_out_acc"] >= 0.90 and figures["train_acc"] == 1, figures
+    assert all(e["unchanged"] for e in evals) and figures["extractor_unchanged"], evals
+    train = mod.STATE["train"]
+    params = asyncio.run(train.download_params())
+    committed = tg.load_safetensors((ROOT / "demos" / "transfer" /
+                                     "extractor.safetensors").read_bytes())
+    frozen = [n for n in params if n.startswith("features.")]
+    assert len(frozen) == 4
+    for name in frozen:
+        assert np.array_equal(np.asarray(params[name]), committed[name]), name
+    assert sorted(asyncio.run(train.download_param_grads())) == ["head.W", "head.b"]
+
+    few, _ = run_script(load_script("transfer"), gpu_device, monkeypatch, steps=100,
+                        every=100, seed=1, shots=5)
+    assert few["held_out_acc"] >= 0.80 and few["extractor_unchanged"], few
+    rand, _ = run_script(load_script("transfer"), gpu_device, monkeypatch, steps=100,
+                         every=100, seed=1, shots=8, features="random")
+    assert rand["held_out_acc"] < figures["held_out_acc"] - 0.02, (rand, figures)
+    assert rand["extractor_unchanged"], rand
+
+    async def own_classes() -> tuple[list[float] | None, Any]:
+        test = await mod.D.mnist("test")
+        rows = {c: [i for i, label in enumerate(test.labels) if label == c] for c in (0, 1, 2)}
+        drawings = [[test.pixels([r]).tolist() for r in rows[c][:4]] for c in (0, 1, 2)]
+        with pytest.raises(ValueError, match=r"set_examples: class 'b' has no drawings"):
+            await mod.set_examples(["a", "b", "c"], [drawings[0], [], drawings[2]])
+        await mod.set_examples(["zero", "one", "two"], drawings)
+        assert mod.D.step == 0 and not mod.STATE["builtin"]
+        mod.DEMO_CONFIG = {"steps": 60, "every": 60, "seed": 1, "device": gpu_device}
+        figures = await mod.main()
+        probs = await mod.canvas_predict(test.pixels([rows[1][10]]).tolist())
+        return probs, figures
+
+    own_posts: list[dict[str, Any]] = []
+    monkeypatch.setattr(web_script, "_sink", own_posts.append)
+    probs, own = asyncio.run(own_classes())
+    assert "held_out_acc" not in own and own["train_acc"] == 1, own
+    assert own["classes"] == "zero, one, two", own
+    assert own["extractor_unchanged"], own
+    assert probs is not None and len(probs) == 3 and abs(sum(probs) - 1) < 1e-4, probs
+    assert probs.index(max(probs)) == 1, probs
+    assert len(kinds(own_posts, "examples")) == 1  # set_examples's: predictions post none
+    shown = kinds(own_posts, "examples")[-1]
+    assert shown["names"] == ["zero", "one", "two"] and shown["counts"] == [4, 4, 4], shown
+    assert len(shown["images"][0]) == 4 * 784 and not shown["builtin"]

@@ -196,6 +196,96 @@ def test_layer_argument_validation():
     assert conv.stride == (2, 2) and conv.padding == (1, 0)
 
 
+# ---- freezing ---------------------------------------------------------------------------
+
+class ConvNet(tg.Module):
+    """A conv feature extractor and a linear head (the transfer-learning shape)."""
+
+    def __init__(self) -> None:
+        self.features = tg.Conv2d(1, 4, 3, padding=1)
+        self.head = tg.Linear(4 * 6 * 6, 3)
+
+    def forward(self, x):
+        h = tg.relu(self.features(x))
+        return self.head(tg.reshape(h, (x.shape[0], -1)))
+
+
+def conv_loss(m, x, y):
+    return tg.cross_entropy(m(x), y)
+
+
+CONV_INPUTS = {"x": (2, 1, 6, 6), "y": ((2,), "i32")}
+
+
+def test_freeze_marks_the_params_below_and_the_latest_call_wins():
+    net = Net()
+    assert net.frozen_param_names() == []
+    assert net.blocks[0].freeze() is net.blocks[0]
+    assert net.frozen_param_names() == EXPECTED[1:6]
+    net.freeze()                                  # everything, overriding blocks.0's mark
+    net.heads["a"].freeze(False)                  # but the head trains
+    assert net.frozen_param_names() == [n for n in EXPECTED if not n.startswith("heads.a.")]
+    net.freeze(False)                             # clears the head's mark too
+    assert net.frozen_param_names() == []
+    assert net.param_names() == EXPECTED          # names and order unchanged by the marks
+    with pytest.raises(TypeError, match=r"Net.freeze\(frozen='yes'\): frozen must be True or "
+                       "False"):
+        net.freeze("yes")
+
+
+def test_a_tied_param_frozen_in_one_place_only_is_an_error():
+    class Tied(tg.Module):
+        def __init__(self):
+            self.emb = tg.Embedding(5, 3)
+            self.out = tg.Linear(3, 5)
+            self.out.W = self.emb.W             # the same param in two places
+
+    m = Tied()
+    m.emb.freeze()
+    with pytest.raises(TraceError, match=r"param 'emb.W' is frozen but is also reached as "
+                       r"'out.W', where it is trainable .*freeze it in both places or in "
+                       "neither"):
+        m.frozen_param_names()
+    m.out.freeze()
+    assert m.param_names() == ["emb.W", "out.b"] == m.frozen_param_names()
+
+
+def test_frozen_params_get_no_gradient_and_their_backward_is_dropped():
+    net = ConvNet()
+    full = tg.trace(net, conv_loss, CONV_INPUTS, seed=0)
+    net.features.freeze()
+    frozen = tg.trace(net, conv_loss, CONV_INPUTS, seed=0)
+    assert set(full.grads) == {"features.W", "features.b", "head.W", "head.b"}
+    assert set(frozen.grads) == {"head.W", "head.b"}
+    assert list(frozen.graph.params) == list(full.graph.params)   # still params
+    ops = [n.op for n in frozen.graph.nodes]
+    assert "conv2d_weight_grad" in [n.op for n in full.graph.nodes]
+    assert "conv2d_weight_grad" not in ops and "conv2d_input_grad" not in ops
+    assert len(frozen.graph.nodes) < len(full.graph.nodes)
+    # the head's gradient is the same either way
+    x = np.random.default_rng(0).normal(size=(2, 1, 6, 6)).astype(np.float32)
+    feeds = {"x": x, "y": np.array([0, 2], np.int32)}
+    values = net.init_params(0)
+    got = [evaluate(t.graph, {**feeds, **values})[t.grads["head.W"]] for t in (full, frozen)]
+    np.testing.assert_array_equal(got[0], got[1])
+
+
+def test_compiling_a_model_whose_params_are_all_frozen_is_an_error():
+    from tensorgrad.compiler import Options, Request, compile_graph
+
+    request = Request("training", ConvNet().freeze(), conv_loss, CONV_INPUTS,
+                      optimizer=tg.optim.Adam(lr=1e-3), seed=0)
+    with pytest.raises(TraceError, match=r"every f32 param of the model is frozen "
+                       r"\(Module.freeze\), so there is nothing to train \(frozen: "
+                       r"\['features.W', 'features.b', 'head.W', 'head.b'\]\)"):
+        compile_graph(request, Options(), until="optimizer")
+    from tensorgrad.autograd import append_grad
+    t = tg.trace(ConvNet(), conv_loss, CONV_INPUTS, seed=0)
+    with pytest.raises(ValueError, match=r"append_grad: frozen names \['head.w'\] are not "
+                       "params of the graph"):
+        append_grad(t.graph, t.loss, ["head.w"])
+
+
 # ---- layer forwards and gradients vs PyTorch ------------------------------------------
 
 def _run_layer(layer, x, xdtype="f32", seed=3):
