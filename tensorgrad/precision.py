@@ -51,11 +51,10 @@ def check_precision(precision: object, info: AdapterInfo | None = None) -> str:
         raise ValueError(f"compile: precision must be one of {list(PRECISIONS)}, got "
                          f"{precision!r}")
     if precision == "mixed" and info is not None and F16_FEATURE not in info.features:
-        adapter = info.description or info.vendor or "this adapter"
         have = ", ".join(sorted(info.features)) or "none"
         raise FeatureError(
             f"compile: precision='mixed' needs the WebGPU feature '{F16_FEATURE}' (f16 in "
-            f"shaders), which the device on {adapter} ({info.backend or 'WebGPU'}) does not "
+            f"shaders), which the device on {info.name} ({info.backend or 'WebGPU'}) does not "
             f"have (its optional features: {have}); compile with precision='f32' there")
     return str(precision)
 

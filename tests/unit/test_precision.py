@@ -12,10 +12,11 @@ import pytest
 import tensorgrad as tg
 from tensorgrad.codegen.storage import half_storage
 from tensorgrad.compiler import Options, Request, compile_graph
+from tensorgrad.gpu.interface import AdapterInfo
 from tensorgrad.ir import Graph
 from tensorgrad.passes import fuse_elementwise, stitch_kernels
 from tensorgrad.plan import plan_buffers
-from tensorgrad.precision import LOSS_SCALE, LOSS_UNSCALE, LossScale, LossScaler
+from tensorgrad.precision import LOSS_SCALE, LOSS_UNSCALE, LossScale, LossScaler, check_precision
 from tensorgrad.reference import evaluate
 from tests.models import TinyMLP
 
@@ -130,3 +131,18 @@ def test_loss_scaler_follows_grad_scaler_rules() -> None:
                 {"init_scale": float("inf")}):
         with pytest.raises(ValueError, match=r"LossScale: \w+ must be"):
             LossScale(**bad)
+
+
+@pytest.mark.parametrize(("info", "named"), [
+    (AdapterInfo(vendor="google", architecture="swiftshader", backend="browser"),
+     r"the device on google swiftshader \(browser\)"),  # a browser's SwiftShader: no description
+    (AdapterInfo(vendor="llvmpipe", description="llvmpipe Mesa 22.3.6", backend="Vulkan",
+                 features=frozenset({"timestamp-query"})),
+     r"the device on llvmpipe Mesa 22\.3\.6 \(Vulkan\) .*optional features: timestamp-query\)"),
+])
+def test_mixed_on_an_adapter_without_shader_f16_names_it(info: AdapterInfo, named: str) -> None:
+    with pytest.raises(tg.FeatureError, match=r"precision='mixed' needs the WebGPU feature "
+                       rf"'shader-f16' .*{named}"):
+        check_precision("mixed", info)
+    assert check_precision("f32", info) == "f32"
+    assert check_precision("mixed", replace(info, features=frozenset({"shader-f16"}))) == "mixed"
