@@ -1,7 +1,10 @@
 #!/bin/bash
 # One device call: before (.base, the tree before the change measured) and after, same GPU.
 # Usage on the device machine: bash bench/h200.sh [parts...]
-#   parts: base base-gpt2 report matmul gpt2 profile (default: base report matmul, in order);
+#   parts: base base-gpt2 report matmul gpt2 profile mixed mixed-gpt2 (default: base report
+#   matmul, in order); mixed / mixed-gpt2: report / gpt2 with --precision mixed (tensorgrad's
+#   f16 activations and loss scaling, the torch twin under torch.autocast float16 + GradScaler:
+#   compare with report / gpt2 of the same call);
 #   a part ending in -unchecked (report-unchecked, matmul-unchecked, gpt2-unchecked) runs
 #   with TENSORGRAD_RUNTIME_CHECKS=0 (kernels without bounds checks), its files named so
 set -u
@@ -31,6 +34,11 @@ for part in "${parts[@]}"; do
     profile) timeout 240 python3 bench/report.py --models transformer,gpt,gpt2 --no-torch \
               --steps 10 --warmup 2 --replays 1 --json "$OUT/profile.json" 2>&1 \
               | grep -v XDG | tee "$OUT/profile.txt" ;;
+    mixed) timeout 300 python3 bench/report.py --precision mixed --steps 100 \
+              --json "$OUT/mixed$TAG.json" 2>&1 | grep -v XDG | tee "$OUT/mixed$TAG.txt" ;;
+    mixed-gpt2) timeout 300 python3 bench/report.py --precision mixed --models gpt2 --steps 10 \
+              --warmup 2 --replays 1 --json "$OUT/mixed_gpt2$TAG.json" 2>&1 | grep -v XDG \
+              | tee "$OUT/mixed_gpt2$TAG.txt" ;;
     matmul) timeout 420 python3 bench/report.py --matmul ${MATMUL_ARGS:-} 2>&1 | grep -v XDG \
               | tee "$OUT/matmul$TAG.txt" ;;
   esac

@@ -6,6 +6,7 @@ beside the same model in PyTorch on the same machine.
     python bench/report.py --models gpt,cnn --steps 200 --json out.json
     python bench/report.py --quick                  # CI smoke: tiny GPT, a few steps
     python bench/report.py --matmul                 # matmul kernel TFLOP/s per variant
+    python bench/report.py --precision mixed        # mixed precision; the twin under autocast
 
 Columns (per training step):
   kernels      dispatches of one step (compute passes; the param writeback copies aside)
@@ -69,13 +70,16 @@ def torch_or_none() -> Any:
 
 
 async def bench_tensorgrad(device: Any, bench: Bench, steps: int, warmup: int,
-                           replays: int, top: int = 12) -> dict[str, Any]:
-    """Compile `bench`, step it `warmup` then `steps` times (timed, adapter calls timed),
-    then profile one step's dispatches on the GPU."""
+                           replays: int, top: int = 12, precision: str = "f32"
+                           ) -> dict[str, Any]:
+    """Compile `bench` (in `precision`), step it `warmup` then `steps` times (timed, adapter
+    calls timed), then profile one step's dispatches on the GPU."""
     t0 = time.perf_counter()
     train = await tg.compile(model=bench.model, loss=bench.loss, inputs=bench.inputs,
-                             optimizer=bench.optimizer, device=device, seed=0)
-    out: dict[str, Any] = {"compile_ms": round((time.perf_counter() - t0) * 1e3, 1)}
+                             optimizer=bench.optimizer, device=device, seed=0,
+                             precision=precision)
+    out: dict[str, Any] = {"compile_ms": round((time.perf_counter() - t0) * 1e3, 1),
+                           "precision": precision}
     try:
         program = train._exe.program
         out["kernels"] = getattr(program, "n_dispatches", train.kernel_count)
@@ -96,6 +100,7 @@ async def bench_tensorgrad(device: Any, bench: Bench, steps: int, warmup: int,
             return loss
 
         await run(warmup)
+        out["skipped_steps"], out["loss_scale"] = train.skipped_steps, train.loss_scale
         timer = HostTimer()
         with timer.attach(device):
             t0 = time.perf_counter()
@@ -169,13 +174,14 @@ def torch_setup(torch: Any, threads: int | None) -> dict[str, Any]:
 
 
 def bench_torch(torch: Any, bench: Bench, steps: int, warmup: int,
-                compiled: bool) -> dict[str, Any]:
-    """steps/s of the torch twin, eager or through torch.compile."""
+                compiled: bool, precision: str = "f32") -> dict[str, Any]:
+    """steps/s of the torch twin, eager or through torch.compile; `precision="mixed"`: under
+    torch.autocast (float16 with a GradScaler on CUDA, bfloat16 on a CPU)."""
     from torch_models import host_tensors, make_torch_bench, train_step
 
     torch.manual_seed(0)
     dev = torch_device(torch)
-    tb = make_torch_bench(bench.name, bench.config, dev)
+    tb = make_torch_bench(bench.name, bench.config, dev, amp=precision == "mixed")
     model = torch.compile(tb.model) if compiled else tb.model
     batches = [host_tensors(tb, b) for b in bench.batches]
     t0 = time.perf_counter()
@@ -190,13 +196,14 @@ def bench_torch(torch: Any, bench: Bench, steps: int, warmup: int,
         loss = train_step(tb, model, batches[i % len(batches)], dev)
     wall = time.perf_counter() - t0
     return {"steps_per_s": steps / wall, "step_ms": wall / steps * 1e3, "loss": loss,
-            "warmup_ms": round(first_ms, 1)}
+            "warmup_ms": round(first_ms, 1),
+            "autocast": str(tb.amp[1]).removeprefix("torch.") if tb.amp else None}
 
 
-def try_torch(torch: Any, bench: Bench, steps: int, warmup: int, compiled: bool
-              ) -> dict[str, Any]:
+def try_torch(torch: Any, bench: Bench, steps: int, warmup: int, compiled: bool,
+              precision: str = "f32") -> dict[str, Any]:
     try:
-        return bench_torch(torch, bench, steps, warmup, compiled)
+        return bench_torch(torch, bench, steps, warmup, compiled, precision)
     except Exception as err:  # noqa: BLE001 - fail soft: say why in the JSON, n/a in the table
         return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
 
@@ -299,6 +306,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "1 helps on a loaded machine, where spinning threads stall)")
     parser.add_argument("--top", type=int, default=12,
                         help="slowest dispatches kept in the JSON per model (default 12)")
+    parser.add_argument("--precision", choices=("f32", "mixed"), default="f32",
+                        help="tensorgrad's precision (mixed: f16 activations, loss scaling); "
+                             "the torch twin then runs under torch.autocast")
     parser.add_argument("--matmul", action="store_true",
                         help="matmul kernel TFLOP/s per variant instead of the models")
     parser.add_argument("--shapes", default=None,
@@ -348,15 +358,17 @@ async def run_models(args: argparse.Namespace, device: Any) -> dict[str, Any]:
         print(f"[{bench.name}] {bench.sizes}: tensorgrad ...", flush=True)
         try:
             row["tensorgrad"] = await bench_tensorgrad(device, bench, args.steps, args.warmup,
-                                                       args.replays, args.top)
+                                                       args.replays, args.top, args.precision)
         except Exception as err:  # noqa: BLE001 - one model failing must not end the report
             row["tensorgrad"] = {"error": f"{type(err).__name__}: {err}"}
         if torch is not None:
             print(f"[{bench.name}] torch eager ...", flush=True)
-            row["torch_eager"] = try_torch(torch, bench, args.steps, args.warmup, False)
+            row["torch_eager"] = try_torch(torch, bench, args.steps, args.warmup, False,
+                                           args.precision)
             if args.torch_compile:
                 print(f"[{bench.name}] torch.compile ...", flush=True)
-                row["torch_compile"] = try_torch(torch, bench, args.steps, args.warmup, True)
+                row["torch_compile"] = try_torch(torch, bench, args.steps, args.warmup, True,
+                                                 args.precision)
             else:
                 row["torch_compile"] = {"skipped": "torch.compile off (--quick or "
                                                    "--no-torch-compile)"}

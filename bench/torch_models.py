@@ -123,6 +123,9 @@ class TorchBench:
     optimizer: torch.optim.Optimizer
     clip: float | None
     shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]
+    # Mixed precision (report.py --precision mixed): (autocast device type, its dtype, a
+    # GradScaler or None): float16 with a GradScaler on CUDA, bfloat16 on a CPU.
+    amp: tuple[str, torch.dtype, Any] | None = None
 
 
 def _decay_groups(model: nn.Module, wd: float) -> list[dict[str, Any]]:
@@ -131,8 +134,20 @@ def _decay_groups(model: nn.Module, wd: float) -> list[dict[str, Any]]:
     return [{"params": decay, "weight_decay": wd}, {"params": rest, "weight_decay": 0.0}]
 
 
-def make_torch_bench(name: str, config: dict[str, Any], device: torch.device) -> TorchBench:
-    """The twin of bench model `name` (mlp | transformer | gpt | gpt2 | cnn) on `device`."""
+def make_torch_bench(name: str, config: dict[str, Any], device: torch.device,
+                     amp: bool = False) -> TorchBench:
+    """The twin of bench model `name` (mlp | transformer | gpt | gpt2 | cnn) on `device`;
+    `amp`: trained under torch.autocast (float16 and a GradScaler with GradScaler's defaults
+    on CUDA, as tensorgrad's precision="mixed"; bfloat16 without one on a CPU)."""
+    tb = _make_torch_bench(name, config, device)
+    if amp:
+        cuda = device.type == "cuda"
+        tb.amp = (device.type, torch.float16 if cuda else torch.bfloat16,
+                  torch.amp.GradScaler("cuda") if cuda else None)
+    return tb
+
+
+def _make_torch_bench(name: str, config: dict[str, Any], device: torch.device) -> TorchBench:
     f32, i64 = torch.float32, torch.int64
     if name == "mlp":
         model = MLP().to(device)
@@ -197,10 +212,25 @@ def train_step(tb: TorchBench, model: Callable[..., Any], batch: dict[str, torch
     """One step as tensorgrad's: upload the host batch, forward, backward, clip, update,
     read the loss back (a sync)."""
     feeds = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-    loss = tb.loss(model, **feeds)
-    loss.backward()
-    if tb.clip is not None:
-        torch.nn.utils.clip_grad_norm_(tb.model.parameters(), tb.clip)
-    tb.optimizer.step()
+    if tb.amp is None:
+        loss = tb.loss(model, **feeds)
+        loss.backward()
+        if tb.clip is not None:
+            torch.nn.utils.clip_grad_norm_(tb.model.parameters(), tb.clip)
+        tb.optimizer.step()
+    else:
+        kind, dtype, scaler = tb.amp
+        with torch.autocast(kind, dtype=dtype):
+            loss = tb.loss(model, **feeds)
+        (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.unscale_(tb.optimizer)
+        if tb.clip is not None:
+            torch.nn.utils.clip_grad_norm_(tb.model.parameters(), tb.clip)
+        if scaler:
+            scaler.step(tb.optimizer)
+            scaler.update()
+        else:
+            tb.optimizer.step()
     tb.optimizer.zero_grad(set_to_none=True)
     return float(loss.item())

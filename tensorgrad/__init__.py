@@ -8,12 +8,13 @@ and `await train.step(**data)`. See the README for a complete example.
 from types import ModuleType
 
 from . import init, lr, ops, optim
-from .api import Forward, Training, compile, compile_forward, default_device
+from .api import Forward, LossScale, Training, compile, compile_forward, default_device
 from .compiler import trace, trace_forward
 from .errors import (
                      AbortError,
                      DeviceLimitError,
                      DeviceLostError,
+                     FeatureError,
                      MainThreadError,
                      PlanError,
                      ProtocolError,
@@ -36,7 +37,8 @@ from .version import __version__ as __version__
 
 __all__ = [  # noqa: PLE0604  (the public ops are listed by the op table)
     "AbortError", "Aborted", "Captures", "Completed", "Conv2d", "DeviceLimitError",
-    "DeviceLostError", "Embedding", "Failed", "Forward", "LayerNorm", "Linear", "MainThreadError",
+    "DeviceLostError", "Embedding", "Failed", "FeatureError", "Forward", "LayerNorm", "Linear",
+    "LossScale", "MainThreadError",
     "Module", "PlanError", "ProtocolError", "RMSNorm", "RemoteError", "Result", "SafetensorsError",
     "ShaderCompileError", "ShapeError",
     "Tensor", "TraceError", "Training", "WebGPUSupport", "check_webgpu", "compile",

@@ -21,6 +21,7 @@ from .gpu import GPUDevice, request_device
 from .handle import DEFAULT_CHUNK_SIZE
 from .module import Module
 from .optim import OptimizerConfig
+from .precision import LossScale, check_precision
 from .tensor import Tensor
 from .trace import check_seed, normalize_inputs
 from .training import Training
@@ -44,7 +45,8 @@ async def compile(*, model: Module, loss: Callable[..., Tensor],
                   inputs: Mapping[str, InputSpec], optimizer: OptimizerConfig,
                   device: GPUDevice | None = None,
                   seed: int | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                  fuse: bool = True, tiered: bool | None = None) -> Training:
+                  fuse: bool = True, tiered: bool | None = None, precision: str = "f32",
+                  loss_scale: LossScale | None = None) -> Training:
     """Trace `loss(model, **inputs)`, derive gradients, append `optimizer` and compile the
     whole training step for `device` (default: navigator.gpu in Pyodide, wgpu natively).
 
@@ -59,14 +61,22 @@ async def compile(*, model: Module, loss: Callable[..., Tensor],
     start on kernels that compile quickest (naive matmuls) and swap in the optimized ones
     once their pipelines, compiled in the background after the first step, are ready (same
     results, the same buffers); None (the default) tiers where shader compiles are dear
-    (SwiftShader), False never, True always. Mistakes in the model raise
-    here (ShapeError / TraceError); `step` itself never raises."""
+    (SwiftShader), False never, True always. `precision`: ``"f32"`` (the default) or
+    ``"mixed"``, automatic mixed precision like ``torch.autocast`` with a ``GradScaler``: f16
+    activations, kernels computing and matmuls accumulating in f32, f32 params, gradients
+    and optimizer state, and dynamic loss scaling (`loss_scale`: a :class:`LossScale`, by
+    default GradScaler's settings; ``train.loss_scale`` and ``train.skipped_steps`` show it
+    at work; a step whose scaled gradients overflow completes with ``skipped=True``). It needs
+    the device's ``shader-f16`` feature: FeatureError, naming the adapter, where it is
+    missing (no silent fallback; attached forwards run in the same precision). Mistakes in
+    the model raise here (ShapeError / TraceError); `step` itself never raises."""
     if not isinstance(chunk_size, int) or chunk_size < 0:
         raise ValueError(f"chunk_size must be an int >= 0, got {chunk_size!r}")
     normalize_inputs(inputs, wildcards=False, op="compile")  # clear errors before the device
     check_seed(seed)
+    check_precision(precision)
     device = device or await default_device()
-    train = Training(device, loss, inputs, chunk_size, fuse, tiered)
+    train = Training(device, loss, inputs, chunk_size, fuse, tiered, precision, loss_scale)
     train._build(model, optimizer, seed)
     return train
 
@@ -94,5 +104,5 @@ async def compile_forward(*, model: Module, forward: Callable[..., Tensor],
         raise
 
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "Forward", "Training", "compile", "compile_forward",
-           "default_device"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "Forward", "LossScale", "Training", "compile",
+           "compile_forward", "default_device"]

@@ -33,6 +33,7 @@ from .optim import OptimizerConfig, OptimizerPlan, Writeback, append_optimizer
 from .passes import PASSES, Phase
 from .pipelines import Acquiring, pipeline_cache
 from .plan import BufferPlan, plan_buffers
+from .precision import append_scaled_grad, check_precision
 from .runtime import (
     Executable,
     ParamStore,
@@ -88,6 +89,13 @@ class Options:
     # optimized ones once their pipelines are compiled (Executable.upgrade). None: where
     # compiles are dear (Target.costly_compiles: SwiftShader).
     tiered: bool | None = None
+    # "f32", or "mixed": f16 activations, loss scaling (tensorgrad/precision.py)
+    precision: str = "f32"
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the step is compiled in mixed precision (f16 activations)."""
+        return self.precision == "mixed"
 
     @property
     def tiered_start(self) -> bool:
@@ -210,8 +218,9 @@ def _trace(c: Compilation, o: Options) -> None:
 
 
 def _autograd(c: Compilation, o: Options) -> None:
-    if c.training:  # append_grad checks that the loss is a 0-d f32 tensor
-        c.grads = append_grad(c.graph, c.output, c.request.model.frozen_param_names())
+    if c.training:  # (each checks that the loss is a 0-d f32 tensor)
+        grad = append_scaled_grad if o.mixed else append_grad
+        c.grads = grad(c.graph, c.output, c.request.model.frozen_param_names())
 
 
 def _passes(phase: Phase) -> Callable[[Compilation, Options], None]:
@@ -348,6 +357,7 @@ def compile_graph(request: Request, options: Options, until: str = "build") -> C
     names = [s.name for s in STAGES]
     if until not in names:
         raise ValueError(f"compile_graph: no stage {until!r} (stages: {names})")
+    check_precision(options.precision, options.device.info if options.device else None)
     c = Compilation(request)
     try:
         for stage in STAGES:

@@ -3,7 +3,8 @@
 Building a graph: :class:`ShapeError` (a shape, dtype or argument mistake, naming the op and
 the user's line), :class:`DeviceLimitError` (a tensor too large for the device),
 :class:`TraceError` (misuse of the tracer), :class:`ShaderCompileError` (a kernel's WGSL was
-rejected), :class:`PlanError` (an internal inconsistency in a buffer plan).
+rejected), :class:`PlanError` (an internal inconsistency in a buffer plan),
+:class:`FeatureError` (the device lacks an optional feature asked for: ``shader-f16``).
 Running it: :class:`AbortError` (the graph was replaced or destroyed meanwhile; ``step`` and
 ``run`` report it as ``Aborted()``), :class:`DeviceLostError` (the GPU device is gone),
 :class:`MainThreadError` (in-process GPU use asked for on a web page's main thread).
@@ -26,7 +27,8 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-__all__ = ["ERRORS", "AbortError", "DeviceLimitError", "DeviceLostError", "MainThreadError",
+__all__ = ["ERRORS", "AbortError", "DeviceLimitError", "DeviceLostError", "FeatureError",
+           "MainThreadError",
            "PlanError", "ProtocolError", "RemoteError", "SafetensorsError", "ShaderCompileError",
            "ShapeError", "TraceError", "error_class", "remote_error", "user_call_site",
            "user_traceback"]
@@ -143,6 +145,11 @@ class ShaderCompileError(RuntimeError):
         self.messages = list(messages)
 
 
+class FeatureError(RuntimeError):
+    """The device lacks an optional WebGPU feature that was asked for (``shader-f16`` for
+    ``precision="mixed"``); the message names the feature and the adapter."""
+
+
 class PlanError(RuntimeError):
     """An internal inconsistency in a buffer plan (lifetime overlap, bad writeback)."""
 
@@ -211,7 +218,8 @@ class RemoteError(Exception):
 
 ERRORS: dict[str, type[Exception]] = {cls.__name__: cls for cls in (
     ShapeError, DeviceLimitError, TraceError, ShaderCompileError, PlanError, AbortError,
-    DeviceLostError, MainThreadError, ProtocolError, RemoteError, SafetensorsError)}
+    DeviceLostError, MainThreadError, ProtocolError, RemoteError, SafetensorsError,
+    FeatureError)}
 _REMOTE_CLASSES: dict[str, type[RemoteError]] = {}
 
 

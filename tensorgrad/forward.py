@@ -50,6 +50,8 @@ class Forward(Handle):
                          owner._queue if owner is not None else CallQueue())
         self._forward = forward
         self._output = output
+        if owner is not None:  # an attached forward runs in its training's precision
+            self._precision = owner._precision
         self._max_cached = max(1, int(max_cached_shapes))
         self._owner = owner
         self._own_store = store

@@ -106,6 +106,7 @@ class Handle:
         self._dtypes = dict(dtypes)
         self._chunk_size = chunk_size
         self._fuse = fuse
+        self._precision = "f32"  # a training's (tensorgrad/precision.py); its forwards' too
         self._generation = 0
         self._destroyed = False
         self._prng_counter = 0
@@ -126,7 +127,7 @@ class Handle:
     # -- calls -----------------------------------------------------------------------------
     def _options(self, store: ParamStore | None = None) -> Options:
         return Options.for_device(self.device, fuse=self._fuse, chunk_size=self._chunk_size,
-                                  store=store, tiered=self._tiered)
+                                  store=store, tiered=self._tiered, precision=self._precision)
 
     def _call(self, where: str, inputs: Mapping[str, InputData], body: Body
               ) -> Coroutine[Any, Any, Result]:

@@ -253,7 +253,10 @@ def to_bytes(what: str, value: HostData, shape: Sequence[int], dtype: DType,
 
 
 def from_bytes(data: bytes | memoryview, shape: Sequence[int], dtype: DType) -> HostArray:
-    """Host array for raw bytes: numpy when available, else a memoryview cast to `shape`."""
+    """Host array for raw bytes: numpy when available, else a memoryview cast to `shape`.
+    f16 bytes (a mixed-precision tensor the library reads back) come back as f32 values."""
+    if dtype == "f16":
+        return _from_f16(data, shape)
     fmt, np_name = _FORMATS[dtype]
     count = prod(shape)
     np = numpy_or_none()
@@ -263,6 +266,20 @@ def from_bytes(data: bytes | memoryview, shape: Sequence[int], dtype: DType) -> 
         return arr.astype(bool) if dtype == "bool" else arr
     view = memoryview(bytes(data[: 4 * count])).cast(fmt)
     return view.cast("B").cast(fmt, list(shape)) if len(shape) != 1 else view  # 0-d too
+
+
+def _from_f16(data: bytes | memoryview, shape: Sequence[int]) -> HostArray:
+    """f16 bytes as f32 values: a numpy float32 array, else a memoryview of f32s."""
+    import struct
+
+    count = prod(shape)
+    np = numpy_or_none()
+    if np is not None:
+        half = np.frombuffer(bytes(data[: 2 * count]), dtype=np.float16)
+        return half.astype(np.float32).reshape(tuple(shape))
+    values = struct.unpack(f"<{count}e", bytes(data[: 2 * count]))
+    view = memoryview(struct.pack(f"<{count}f", *values)).cast("f")
+    return view.cast("B").cast("f", list(shape)) if len(shape) != 1 else view
 
 
 def scalar_bytes(value: float, dtype: DType) -> bytes:

@@ -11,10 +11,14 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Any, Literal
 
-# The element types of tensors: 4 bytes each (bool is stored as a u32).
-DType = Literal["f32", "i32", "bool"]
+# The element types of tensors: 4 bytes each (bool is stored as a u32), but for f16, a
+# storage type of 2 bytes that only mixed precision gives nodes (passes/precision.py): kernels
+# read an f16 value into an f32 and compute in f32, and round what they write to f16.
+DType = Literal["f32", "i32", "bool", "f16"]
 Shape = tuple[int, ...]
+# The dtypes a user can declare (inputs, `tg.full`); f16 is the compiler's alone.
 DTYPES: tuple[DType, ...] = ("f32", "i32", "bool")
+ITEMSIZE: dict[DType, int] = {"f32": 4, "i32": 4, "bool": 4, "f16": 2}
 # An op's static arguments: ints, floats, strings, tuples of them, and for a `fused` node its
 # FusedProgram (each op documents its own).
 Attrs = dict[str, Any]
@@ -39,7 +43,14 @@ class Node:
 
     @property
     def nbytes(self) -> int:
-        return 4 * self.size
+        """Bytes of the elements (2 each for f16, else 4)."""
+        return ITEMSIZE[self.dtype] * self.size
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of a buffer that holds the node: `nbytes` rounded up to a multiple of 4
+        (WebGPU's storage bindings), at least 4."""
+        return max(4, (self.nbytes + 3) & ~3)
 
     @property
     def label(self) -> str:

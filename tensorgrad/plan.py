@@ -6,8 +6,8 @@ Other nodes (intermediates) share pooled buffers: walking the nodes in order, an
 is allocated first (the smallest free buffer that fits; else the largest free buffer grows to
 fit; else a new one), and only then are the inputs whose last reader it is released, so a
 kernel never binds one buffer as both an input and its output. An intermediate nobody reads
-is released at once. Every buffer holds at least 4 bytes (all dtypes take 4 bytes per
-element; bool is stored as u32).
+is released at once. Every buffer holds at least 4 bytes and a multiple of 4 (dtypes take 4
+bytes per element, bool stored as u32, but f16, which takes 2).
 
 Tensors larger than the device's ``max_storage_buffer_binding_size`` (or ``max_buffer_size``)
 fail here, naming the tensor: WebGPU would otherwise report them asynchronously and the step
@@ -177,7 +177,8 @@ def _views(graph: Graph, layout_ops: Mapping[str, LayoutOp], special: set[int]
     views: dict[int, tuple[int, int]] = {}
     for node in graph.nodes:
         op = layout_ops.get(node.op)
-        if op is None or op.view is None or node.id in special or not node.inputs:
+        if op is None or op.view is None or node.id in special or not node.inputs or \
+                node.dtype != graph[node.inputs[0]].dtype:  # (a view never converts)
             continue
         offset = op.view(node, graph[node.inputs[0]])
         if offset is not None:
@@ -278,7 +279,7 @@ class _Planner:
             kind = _arena_kind(self.graph, self.graph[pack], set(self.grad_of))
             buf = self.new_buffer(kind, "params" if kind == "param_arena" else "", False)
             self.arena_of[pack] = buf
-            self.sizes[buf] = max(4, self.graph[pack].nbytes)
+            self.sizes[buf] = self.graph[pack].buffer_bytes
         return self.arena_of[pack]
 
     def take_free(self, need: int) -> int | None:
@@ -311,7 +312,7 @@ class _Planner:
             return self.new_buffer("capture", self.capture_of[node.id], False)
         if node.id in self.sources:
             return self.new_buffer("intermediate", "", False)
-        taken = self.take_free(max(4, node.nbytes)) if self.reuse else None
+        taken = self.take_free(node.buffer_bytes) if self.reuse else None
         return taken if taken is not None else self.new_buffer("intermediate", "", True)
 
     def place(self, node: Node) -> None:
@@ -323,7 +324,7 @@ class _Planner:
             self.node_offset[node.id] = self.node_offset[src] + offset
             return
         buf = self.buffer_for(node)
-        self.sizes[buf] = max(self.sizes[buf], self.node_offset[node.id] + max(4, node.nbytes))
+        self.sizes[buf] = max(self.sizes[buf], self.node_offset[node.id] + node.buffer_bytes)
         self.occupants[buf].append(node.id)
         self.node_buffer[node.id] = buf
         for i in dict.fromkeys(self.views.get(i, (i, 0))[0] for i in node.inputs):
@@ -351,7 +352,7 @@ class _Planner:
             views={v: src for v, (src, _) in self.views.items()},
             packed=frozenset(self.packs), node_offset=self.node_offset,
             peak_bytes=sum(self.sizes),
-            unpooled_bytes=sum(max(4, n.nbytes) for n in graph.nodes
+            unpooled_bytes=sum(n.buffer_bytes for n in graph.nodes
                                if n.id not in self.views and n.id not in self.placed))
 
 
@@ -392,7 +393,7 @@ def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple[int | str, ...]
             raise PlanError(f"writeback %{source} -> %{dest} at {offset}: "
                             f"{src_node.nbytes} bytes do not fit in {graph[dest].nbytes}")
         src, dst = plan.node_buffer[source], plan.node_buffer[dest]
-        return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, str(dest), str(kind),
+        return ResolvedWriteback(src, dst, src_node.buffer_bytes, source, str(dest), str(kind),
                                  plan.node_offset[source], plan.node_offset[dest] + offset)
     table = {"param": plan.params, "state": plan.states}.get(str(kind))
     if table is None:
@@ -409,7 +410,7 @@ def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple[int | str, ...]
     src, dst = plan.node_buffer[source], table[dest]
     if src == dst:
         raise PlanError(f"writeback %{source} -> {kind} '{dest}' copies a buffer onto itself")
-    return ResolvedWriteback(src, dst, max(4, src_node.nbytes), source, dest, str(kind),
+    return ResolvedWriteback(src, dst, src_node.buffer_bytes, source, dest, str(kind),
                              plan.node_offset[source], plan.node_offset[dst_node.id])
 
 
@@ -437,7 +438,7 @@ def check_plan(graph: Graph, plan: BufferPlan) -> None:
                 raise PlanError(f"lifetime overlap in buffer #{buf.id}: %{b} is written "
                                 f"while %{a} is still read (last by %{end})")
         for i in occ:
-            if plan.node_offset[i] + max(4, graph[i].nbytes) > buf.size:
+            if plan.node_offset[i] + graph[i].buffer_bytes > buf.size:
                 raise PlanError(f"buffer #{buf.id} ({buf.size} B) is too small for %{i}")
     for node in graph.nodes:
         if node.op in LEAF_OPS or node.id in plan.views or node.id in plan.packed:

@@ -1,7 +1,9 @@
 """The NumPy reference interpreter: what every op computes. The oracle for GPU kernels.
 
 Floats run in float32 by default; `float_dtype=np.float64` gives a high-precision twin for
-finite-difference checks. i32 stays int32 and bool stays bool.
+finite-difference checks. i32 stays int32 and bool stays bool. An f16 node (mixed precision)
+holds np.float16 values, and ops read them as the float type: a kernel computes in f32 and
+rounds what it stores to f16, and so does the reference.
 """
 
 from __future__ import annotations
@@ -14,11 +16,20 @@ import numpy as np
 from .ir import DType, Graph
 from .ops.registry import OPS
 
-NP_DTYPES = {"i32": np.int32, "bool": np.bool_}
+NP_DTYPES = {"i32": np.int32, "bool": np.bool_, "f16": np.float16}
 
 
 def np_dtype(dtype: DType, float_dtype: Any = np.float32) -> Any:
+    """The NumPy dtype that holds values of `dtype` (f32 as `float_dtype`)."""
     return float_dtype if dtype == "f32" else NP_DTYPES[dtype]
+
+
+def computed(value: Any, float_dtype: Any = np.float32) -> Any:
+    """`value` as an op reads it: an f16 array as `float_dtype` (kernels compute f16 values
+    in f32), anything else as it is."""
+    if isinstance(value, np.ndarray) and value.dtype == np.float16:
+        return value.astype(float_dtype)
+    return value
 
 
 def evaluate(graph: Graph, feeds: Mapping[str, Any], *, float_dtype: Any = np.float32,
@@ -45,7 +56,7 @@ def evaluate(graph: Graph, feeds: Mapping[str, Any], *, float_dtype: Any = np.fl
                                  f"got {list(v.shape)}")
             values[n.id] = v.reshape(n.shape).astype(np_dtype(n.dtype, float_dtype))
             continue
-        args = [values[i] for i in n.inputs]
+        args = [computed(values[i], float_dtype) for i in n.inputs]
         out = np.asarray(OPS[n.op].ref(args, n))
         want = np_dtype(n.dtype, float_dtype)
         if out.dtype != want:

@@ -37,12 +37,18 @@ class Captures(dict[str, "HostArray"]):
 
 @dataclass(frozen=True)
 class Completed:
-    """A finished call: `loss` (a float) for `step`, `output` (an array) for `run`."""
+    """A finished call: `loss` (a float) for `step`, `output` (an array) for `run`.
+
+    `skipped`: under ``precision="mixed"``, the step's scaled gradients overflowed f16, so
+    its update was skipped (params and optimizer state unchanged) and the loss scale backed
+    off, as ``torch.cuda.amp.GradScaler`` does; a normal event of loss scaling, counted in
+    ``train.skipped_steps``. Always False in f32, where a non-finite gradient is a Failed."""
 
     loss: float | None = None
     output: Any = None
     captures: Captures = field(default_factory=Captures)
     kind: Literal["completed"] = "completed"
+    skipped: bool = False
 
     def __repr__(self) -> str:
         """``Completed(loss=0.00912)`` for a step, ``Completed(output=f32[1, 1] [0.4794])`` for a
@@ -54,6 +60,8 @@ class Completed:
             parts.append(f"output={describe.array(self.output)}")
         if self.captures:
             parts.append(f"captures={describe.arrays(self.captures)}")
+        if self.skipped:
+            parts.append("skipped=True")
         return f"Completed({', '.join(parts)})"
 
 

@@ -268,11 +268,11 @@ class Executable:
             raise ShapeError("step", f"unknown input(s) {sorted(extra)}; the graph takes "
                              f"{sorted(n for n in inputs if not n.startswith('_'))}")
         out_node = self.graph[self.output_id]
-        reads = [(self.buffer_of(out_node.id), max(4, out_node.nbytes))]
+        reads = [(self.buffer_of(out_node.id), out_node.buffer_bytes)]
         if self.status_id is not None:
             reads.append((self.buffer_of(self.status_id), 4))
         captures = list(self.graph.captures.items()) if read_captures else []
-        reads += [(self.buffer_of(i), max(4, self.graph[i].nbytes)) for _, i in captures]
+        reads += [(self.buffer_of(i), self.graph[i].buffer_bytes) for _, i in captures]
         async with self.lock:
             if self.destroyed:
                 raise AbortError("graph destroyed")
@@ -329,7 +329,7 @@ class Executable:
         self.pipelines.release(old_wgsls)
 
     async def read(self, node_ids: list[int]) -> list[HostArray]:
-        reads = [(self.buffer_of(i), max(4, self.graph[i].nbytes)) for i in node_ids]
+        reads = [(self.buffer_of(i), self.graph[i].buffer_bytes) for i in node_ids]
         async with self.lock:
             data = await self.device.read_buffers(reads)
         return [from_bytes(d, self.graph[i].shape, self.graph[i].dtype)
@@ -376,7 +376,7 @@ def binding(buffers: Sequence[Binding], plan: BufferPlan, graph: Graph, node_id:
     if offset == 0 and not isinstance(buffer, BufferSlice):
         return buffer
     handle, base, _ = split_slice(buffer)
-    return BufferSlice(handle, base + offset, (max(4, graph[node_id].nbytes) + 3) & ~3)
+    return BufferSlice(handle, base + offset, graph[node_id].buffer_bytes)
 
 
 def dispatch_label(node: Node, ops: Mapping[str, ProgramOp]) -> str:

@@ -20,6 +20,7 @@ from .ir import Graph
 from .lr import LR, rebase
 from .module import Module
 from .optim import OptimizerConfig, OptimizerPlan
+from .precision import LossScale, LossScaler, check_precision
 from .results import Captures, Completed, Failed, Result
 from .runtime import Executable, ParamStore
 from .skipped import non_finite_grad, non_finite_param, non_finite_update
@@ -42,7 +43,8 @@ class Training(Handle):
 
     def __init__(self, device: GPUDevice, loss: Callable[..., Tensor],
                  inputs: Mapping[str, InputSpec], chunk_size: int, fuse: bool = True,
-                 tiered: bool | None = None):
+                 tiered: bool | None = None, precision: str = "f32",
+                 loss_scale: LossScale | None = None):
         decls = normalize_inputs(inputs, wildcards=False, op="compile")
         # Everything that touches this training's GPU state runs in call order, one at a
         # time (attached forwards too): an upload never lands inside a step.
@@ -54,6 +56,13 @@ class Training(Handle):
         self._children: list[Forward] = []
         self._exe: Executable | None = None
         self._store: ParamStore | None = None
+        self._precision = check_precision(precision)
+        if loss_scale is not None and not isinstance(loss_scale, LossScale):
+            raise TypeError(f"compile: loss_scale must be a tg.LossScale, got {loss_scale!r}")
+        if loss_scale is not None and precision != "mixed":
+            raise ValueError(f"compile: loss_scale={loss_scale!r} needs precision='mixed' "
+                             f"(precision is {precision!r}: an f32 step is not scaled)")
+        self._scaler = LossScaler(loss_scale or LossScale()) if precision == "mixed" else None
 
     def _build(self, model: Module, optimizer: OptimizerConfig, seed: int | None) -> None:
         seed = check_seed(seed)
@@ -69,6 +78,8 @@ class Training(Handle):
         self._t = 0
         self._prng_counter = 0
         self.seed = c.seed
+        if self._scaler is not None:
+            self._scaler.reset()
 
     # -- what the handle base asks -------------------------------------------------------
     def _live_store(self) -> ParamStore:
@@ -118,8 +129,25 @@ class Training(Handle):
 
     @property
     def step_count(self) -> int:
-        """Completed steps since compile (or the last reset of the optimizer state)."""
+        """Steps applied since compile (or the last reset of the optimizer state); a step
+        skipped for a mixed-precision overflow is not counted."""
         return self._t
+
+    @property
+    def precision(self) -> str:
+        """``"f32"`` or ``"mixed"`` (f16 activations, loss scaling), as compiled."""
+        return self._precision
+
+    @property
+    def loss_scale(self) -> float | None:
+        """The loss scale of the next step under ``precision="mixed"`` (None in f32)."""
+        return self._scaler.scale if self._scaler else None
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped because their scaled gradients overflowed (mixed precision; each
+        completed with ``skipped=True``); 0 in f32."""
+        return self._scaler.skipped if self._scaler else 0
 
     def __repr__(self) -> str:
         """One line: the model, params, inputs, optimizer, kernels, step count, device, state
@@ -167,15 +195,32 @@ class Training(Handle):
             raise AbortError("no graph")
         t = self._t + 1
         feeds = dict(data)
-        for name, value in self._opt.host_scalars(self._lr, t).items():
+        scalars = self._opt.host_scalars(self._lr, t)
+        if self._scaler is not None:
+            scalars.update(self._scaler.scalars())
+        for name, value in scalars.items():
             feeds[name] = scalar_bytes(value, "f32")
         self._feed_seed(exe, feeds)
         out, caps, applied = await exe.run(feeds)
         loss = scalar(out)
+        if math.isfinite(loss) and not applied and await self._overflowed(exe, data):
+            assert self._scaler is not None
+            self._scaler.update(overflow=True)  # a normal event: skipped, scale backed off
+            return Completed(loss=loss, captures=Captures(caps), skipped=True)
         if not math.isfinite(loss) or not applied:
             return Failed(FloatingPointError(await self._skipped(exe, data, loss, t)))
+        if self._scaler is not None:
+            self._scaler.update(overflow=False)
         self._t = t
         return Completed(loss=loss, captures=Captures(caps))
+
+    async def _overflowed(self, exe: Executable, data: Mapping[str, bytes]) -> bool:
+        """Whether a skipped step with a finite loss was a mixed-precision overflow: the
+        scaled gradients were not finite, the inputs were (else it is the data's fault)."""
+        if self._scaler is None or non_finite_input(data, self._dtypes) or \
+                exe.sentinel_only_input(data):
+            return False
+        return bool(await non_finite_grad(exe, self._grads))
 
     async def _skipped(self, exe: Executable, data: Mapping[str, bytes], loss: float, t: int
                        ) -> str:
@@ -212,7 +257,8 @@ class Training(Handle):
 
     def reset(self, params: bool = True, optimizer: bool = True) -> Coroutine[Any, Any, None]:
         """Re-initialise params (same seed, same values as at compile) and/or optimizer
-        state (zeros, step counter 0), in call order with the steps."""
+        state (zeros, step counter 0, a mixed-precision loss scale back at its initial
+        value), in call order with the steps."""
         async def reset() -> None:
             if params:
                 self._live_store().reset()
@@ -221,7 +267,8 @@ class Training(Handle):
         return self._queue.submit(reset)
 
     def reset_optimizer_state(self) -> Coroutine[Any, Any, None]:
-        """Zero every optimizer state buffer and restart the step counter."""
+        """Zero every optimizer state buffer and restart the step counter (and a
+        mixed-precision loss scale at its initial value)."""
         async def reset() -> None:
             self._zero_optimizer_state()
         return self._queue.submit(reset)
@@ -232,6 +279,8 @@ class Training(Handle):
             init = float(node.attrs.get("init", 0.0))
             exe.write(node.id, to_bytes("state", [init] * node.size, node.shape, "f32"))
         self._t = 0
+        if self._scaler is not None:
+            self._scaler.reset()
 
     def set_lr(self, lr: LR) -> Coroutine[Any, Any, None]:
         """Replace the learning rate or schedule (checked when called); it applies from the

@@ -14,7 +14,9 @@ from tensorgrad.ops import OPS
 from tensorgrad.reference import evaluate
 from tests.harness import Case, build
 
-GPU_NP = {"f32": np.float32, "i32": np.int32, "bool": np.uint32}
+GPU_NP = {"f32": np.float32, "i32": np.int32, "bool": np.uint32, "f16": np.float16}
+# f16 results (mixed precision) agree to a unit or two of f16's last place (2^-10).
+F16_RTOL = 2e-3
 
 
 def to_gpu(value: Any, node: Node) -> bytes:
@@ -65,19 +67,40 @@ async def check_graph_kernels(device: GPUDevice, graph: Graph, feeds: dict[str, 
             continue
         got = await run_node(device, graph, node, values, target)
         want = values[node.id]
-        if node.dtype == "f32":
-            scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
-            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol * scale,
-                                       err_msg=f"kernel for {node.describe()}")
+        if node.dtype in ("f32", "f16"):
+            half = node.dtype == "f16"
+            finite = np.abs(want[np.isfinite(want)]) if want.size else want
+            scale = max(1.0, float(np.max(finite)) if finite.size else 1.0)
+            np.testing.assert_allclose(
+                got.astype(np.float32), want.astype(np.float32),
+                rtol=F16_RTOL if half else rtol, atol=(F16_RTOL if half else atol) * scale,
+                err_msg=f"kernel for {node.describe()}")
         else:
             np.testing.assert_array_equal(got, want, err_msg=f"kernel for {node.describe()}")
         checked.add(node.op)
     return checked
 
 
+def half_graph(graph: Graph, keep: set[int]) -> Graph:
+    """`graph` with every f32 tensor of more than one element stored as f16 (its leaves too,
+    so that every kernel reads f16), but the nodes in `keep` and the results of the ops mixed
+    precision keeps f32 (:data:`tensorgrad.passes.precision.F32_OPS`): the most f16 any
+    kernel sees."""
+    from dataclasses import replace
+
+    from tensorgrad.passes.precision import F32_OPS
+
+    out = Graph(outputs=list(graph.outputs), captures=dict(graph.captures))
+    out.nodes = [replace(n, dtype="f16") if n.dtype == "f32" and n.size > 1 and
+                 n.id not in keep and n.op not in F32_OPS else n for n in graph.nodes]
+    return out
+
+
 def check_case(device: GPUDevice, case: Case, with_grad: bool | None = None,
-               **kwargs: Any) -> set[str]:
+               half: bool = False, **kwargs: Any) -> set[str]:
     """Build `case` (with its backward graph unless `with_grad=False`) and check every kernel
-    of it against the reference; returns the op kinds checked."""
+    of it against the reference; returns the op kinds checked. `half`: with f16 tensors
+    (:func:`half_graph`, the loss kept f32)."""
     b = build(case, with_grad)
-    return asyncio.run(check_graph_kernels(device, b.graph, b.values, **kwargs))
+    graph = half_graph(b.graph, {b.loss} if b.loss is not None else set()) if half else b.graph
+    return asyncio.run(check_graph_kernels(device, graph, b.values, **kwargs))

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from ..gpu.interface import AdapterInfo, DeviceLimits
 from ..ir import LEAF_OPS, Graph, Node
+from .storage import half_storage
 
 MAX_GROUPS_X = 65_535
 
@@ -81,14 +82,19 @@ class HasEmitter(Protocol):
 def emit_node(graph: Graph, node: Node, target: Target, ops: Mapping[str, HasEmitter]
               ) -> Kernel:
     """The kernel for one node (an empty kernel for leaves), from its op's emitter in `ops`
-    (the op table, handed in by the caller: code generation does not import the ops)."""
+    (the op table, handed in by the caller: code generation does not import the ops). Where
+    the node or its inputs are f16, the kernel's reads and writes of them are converted
+    (:func:`~tensorgrad.codegen.storage.half_storage`)."""
     if node.op in LEAF_OPS:
         return Kernel("", 0, label=node.describe())
     emit = ops[node.op].emit
     if emit is None:
         raise NotImplementedError(f"op '{node.op}' has no WGSL emitter")
-    kernel = emit(EmitContext(node, tuple(graph[i] for i in node.inputs), target))
-    return Kernel(kernel.wgsl, kernel.threads, kernel.workgroup_size, node.describe(),
+    inputs = tuple(graph[i] for i in node.inputs)
+    kernel = emit(EmitContext(node, inputs, target))
+    wgsl = half_storage(kernel.wgsl, [k for k, n in enumerate(inputs) if n.dtype == "f16"],
+                        kernel.vector_inputs, node.dtype == "f16", node.label)
+    return Kernel(wgsl, kernel.threads, kernel.workgroup_size, node.describe(),
                   kernel.vector_inputs, kernel.quick_refused)
 
 

@@ -1,6 +1,7 @@
 """WGSL for fused programs: elementwise chains, and a core kernel with prologues/epilogue.
 
-A program (:class:`tensorgrad.ir.FusedProgram`) is evaluated per element: each node at a
+A program (:class:`tensorgrad.ir.FusedProgram`) is evaluated per element, in f32 (an f16
+node's value rounded to f16, as a kernel of its own would store it): each node at a
 flat index of its own shape, derived from its consumer's (right-aligned broadcasting, the
 same index through a reshape, the source index through a permute), each external input read
 at that index. Without a core the kernel is one thread per output element. With a core (a
@@ -82,7 +83,9 @@ class _Writer:
         elif ref == self.core:
             if index != "i":
                 raise ValueError("an epilogue reads its core at the output index only")
-            return "acc"
+            if self.program.nodes[ref].dtype != "f16":
+                return "acc"
+            text = "acc"  # rounded below, as the unstitched core would store it
         else:
             n = self.program.nodes[ref]
             if n.op == "reshape":
@@ -101,6 +104,8 @@ class _Writer:
             text = _OPERAND.sub(lambda m: operands[int(m.group(1))], own)
             if op.prelude and op.prelude not in self.preludes:
                 self.preludes.append(op.prelude)
+        if ref >= 0 and self.program.nodes[ref].dtype == "f16":
+            text = f"f32(f16({text}))"  # an f16 node holds f16 values (see codegen/storage.py)
         name = f"v{len(self._names)}"
         self.lines.append(f"  let {name} = {text};")
         self._names[key] = name

@@ -1,7 +1,9 @@
 """Small helpers the op emitters share: types, literals, bindings, index math, kernel shells.
 
 Conventions: bind group 0, inputs first (`in0`, `in1`, ... read-only), output last (`out`,
-read_write). `bool` is stored as u32. All shapes are baked into the text as literals.
+read_write). `bool` is stored as u32. All shapes are baked into the text as literals. An f16
+tensor (mixed precision) is bound as `array<f16>` but computed with as f32: emitters write
+f32 code, and :func:`tensorgrad.codegen.storage.half_storage` converts its reads and writes.
 """
 
 from __future__ import annotations
@@ -16,16 +18,26 @@ from .kernel import MAX_GROUPS_X, EmitContext, Kernel
 
 WG = 256
 
-_TYPES = {"f32": "f32", "i32": "i32", "bool": "u32"}
+# The WGSL type a kernel computes with: f16 values are read into f32s.
+_TYPES = {"f32": "f32", "i32": "i32", "bool": "u32", "f16": "f32"}
+# The element type of a binding.
+_STORAGE = {**_TYPES, "f16": "f16"}
 
 
 def wgsl_type(dtype: DType) -> str:
+    """The WGSL type of a value of `dtype` in a kernel (f32 for f16: kernels compute in f32)."""
     return _TYPES[dtype]
 
 
+def storage_type(dtype: DType) -> str:
+    """The WGSL element type of a binding of `dtype`."""
+    return _STORAGE[dtype]
+
+
 def lit(value: float | bool, dtype: DType = "f32") -> str:
-    """A WGSL literal of `dtype`. Non-finite floats become +-1e30."""
-    if dtype == "f32":
+    """A WGSL literal of `dtype` (f16: an f32 literal, the type f16 values are computed in).
+    Non-finite floats become +-1e30."""
+    if dtype in ("f32", "f16"):
         v = float(value)
         if not math.isfinite(v):
             v = 1e30 if (v > 0 or math.isnan(v)) else -1e30
@@ -73,18 +85,20 @@ def broadcast_index(out_shape: Sequence[int], in_shape: Sequence[int], var: str 
 def bindings(inputs: Sequence[Node], out: Node, vector_inputs: frozenset[int] = frozenset()
              ) -> str:
     """The binding declarations: `in{k}` (read) per input, then `out` (read_write); inputs
-    in `vector_inputs` (f32) are declared as arrays of vec4s."""
+    in `vector_inputs` (f32 or f16) are declared as arrays of vec4s. f16 tensors are declared
+    `f16` (the kernel needs `enable f16;`, which :func:`~tensorgrad.codegen.storage.half_storage`
+    adds with the conversions of their reads and writes)."""
     def element(k: int, n: Node) -> str:
         if k not in vector_inputs:
-            return wgsl_type(n.dtype)
-        if n.dtype != "f32":
-            raise ValueError(f"only f32 inputs can be read as vec4s, input {k} is {n.dtype}")
-        return "vec4<f32>"
+            return storage_type(n.dtype)
+        if n.dtype not in ("f32", "f16"):
+            raise ValueError(f"only float inputs can be read as vec4s, input {k} is {n.dtype}")
+        return f"vec4<{storage_type(n.dtype)}>"
 
     lines = [f"@group(0) @binding({k}) var<storage, read> in{k}: array<{element(k, n)}>;"
              for k, n in enumerate(inputs)]
     lines.append(f"@group(0) @binding({len(inputs)}) var<storage, read_write> out: "
-                 f"array<{wgsl_type(out.dtype)}>;")
+                 f"array<{storage_type(out.dtype)}>;")
     return "\n".join(lines)
 
 

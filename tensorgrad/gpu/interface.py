@@ -64,6 +64,13 @@ class AdapterInfo:
     software: bool = False
     features: frozenset[str] = frozenset()
 
+    @property
+    def name(self) -> str:
+        """The adapter for a message: its description, else its vendor and architecture
+        (a browser's SwiftShader describes itself only as "google" "swiftshader")."""
+        return (self.description or " ".join(p for p in (self.vendor, self.architecture) if p)
+                or "an unnamed adapter")
+
 
 @dataclass(frozen=True)
 class WebGPUSupport:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -92,10 +93,10 @@ def _rank(adapter: Any) -> tuple[int, int]:
     return _TYPE_RANK.get(adapter_kind(adapter.info), 3), _BACKEND_RANK.get(backend, 1)
 
 
-def _wanted_features(adapter: Any) -> list[str]:
-    """The adapter's features among WANTED_FEATURES, by the names this wgpu-py uses."""
+def _wanted_features(adapter: Any, wanted: Sequence[str] = WANTED_FEATURES) -> list[str]:
+    """The adapter's features among `wanted`, by the names this wgpu-py uses."""
     have = set(adapter.features)
-    return [name for want in WANTED_FEATURES
+    return [name for want in wanted
             for name in dict.fromkeys((want, NATIVE_FEATURE.get(want, want))) if name in have]
 
 
@@ -163,13 +164,21 @@ async def probe_native(backend: str | None = None) -> WebGPUSupport:
 
 
 async def request_native_device(backend: str | None = None,
-                                runtime_checks: bool | None = None) -> NativeDevice:
+                                runtime_checks: bool | None = None,
+                                features: Sequence[str] = WANTED_FEATURES) -> NativeDevice:
     """A :class:`NativeDevice` at the adapter's limits (buffers capped at 2147483644 bytes).
 
     `backend` is ``"wgpu"`` or ``"wgpudawn"`` (default: ``TENSORGRAD_WGPU`` or ``wgpu``).
     `runtime_checks` (default: ``TENSORGRAD_RUNTIME_CHECKS``, on): False compiles kernels
     without bounds checks and loop counters (``wgpu`` only; see the module docstring).
+    `features`: the optional WebGPU features to enable where the adapter has them (standard
+    names; default ``subgroups``, ``timestamp-query`` and ``shader-f16``, which
+    ``precision="mixed"`` needs); ``device.info.features`` says which were enabled.
     Raises RuntimeError, naming the driver setup, when no adapter or device can be made."""
+    unknown = sorted(set(features) - set(WANTED_FEATURES))
+    if isinstance(features, str) or unknown:
+        raise ValueError(f"request_native_device: features must be a list of "
+                         f"{list(WANTED_FEATURES)}, got {features!r}")
     if runtime_checks is None:
         runtime_checks = _runtime_checks_default()
     elif not isinstance(runtime_checks, bool):
@@ -189,7 +198,7 @@ async def request_native_device(backend: str | None = None,
     if adapter is None:
         raise RuntimeError(f"{wgpu.__name__}: no WebGPU adapter. Vulkan driver: {note}.")
     required = _required_limits(adapter.limits)
-    features = _wanted_features(adapter)
+    features = _wanted_features(adapter, features)
     try:
         try:
             device = await adapter.request_device_async(

@@ -17,7 +17,7 @@ import tensorgrad.codegen.wgsl as w
 
 from ..codegen.kernel import EmitContext, Kernel
 from ..errors import ShapeError
-from ..ir import Attrs, DType, Node, Shape
+from ..ir import ITEMSIZE, Attrs, DType, Node, Shape
 from ..tensor import Tensor
 from .registry import GRAD_ERROR, define, public, record
 from .rules import flip_triangle, is_int, normalize_axis, same_dtype, same_last_two
@@ -244,7 +244,7 @@ def _slice_view(node: Node, src: Node) -> int | None:
     at = node.attrs
     if any(d != 1 for d in src.shape[:at["axis"]]):
         return None
-    offset = 4 * at["start"] * prod(src.shape[at["axis"] + 1:])
+    offset = ITEMSIZE[src.dtype] * at["start"] * prod(src.shape[at["axis"] + 1:])
     return offset if offset % 256 == 0 else None
 
 

@@ -17,6 +17,7 @@ from ..ir import Graph
 from .dce import eliminate_dead_code
 from .fuse import fuse_elementwise
 from .packs import separate_pack_members
+from .precision import store_half
 from .split_k import split_long_contractions
 from .split_reduce import split_column_sums
 from .stitch import stitch_kernels
@@ -40,6 +41,9 @@ class Pass:
 PASSES: list[Pass] = [
     # Gradients nobody reads (frozen inputs) are dropped before the optimizer sees them.
     Pass("eliminate dead code", "after_autograd", eliminate_dead_code),
+    # Mixed precision: which activations are stored as f16 (before the optimizer: params,
+    # gradients and optimizer state stay f32; later passes keep each node's dtype).
+    Pass("store activations as f16", "after_autograd", store_half, option="mixed"),
     Pass("split long contractions", "after_optimizer", split_long_contractions,
          option="parallel_gpu"),
     Pass("split column sums", "after_optimizer", split_column_sums, option="parallel_gpu"),
@@ -54,4 +58,4 @@ PASSES: list[Pass] = [
 
 __all__ = ["PASSES", "Pass", "Phase", "eliminate_dead_code", "fuse_elementwise",
            "mark_zero_triangles", "separate_pack_members", "split_column_sums",
-           "split_long_contractions", "stitch_kernels"]
+           "split_long_contractions", "stitch_kernels", "store_half"]

@@ -199,14 +199,19 @@ def _infer_fused(inputs: Sequence[Node], attrs: Attrs) -> tuple[Shape, DType]:
 
 def _ref_fused(args: Sequence[Any], node: Node) -> Any:
     """Each inlined node's reference, its value cast as the unfused graph would hold it (the
-    float type of the inputs for f32), so that fusion changes no bit of the result."""
+    float type of the inputs for f32, float16 for f16), so that fusion changes no bit of the
+    result."""
     import numpy as np
 
-    floats = [np.asarray(a).dtype for a in args if np.asarray(a).dtype.kind == "f"]
-    types = {"f32": floats[0] if floats else np.float32, "i32": np.int32, "bool": np.bool_}
+    floats = [np.asarray(a).dtype for a in args if np.asarray(a).dtype.kind == "f"
+              and np.asarray(a).dtype != np.float16]
+    compute = floats[0] if floats else np.float32
+    types = {"f32": compute, "i32": np.int32, "bool": np.bool_, "f16": np.float16}
     values: list[Any] = []
     for n in node.attrs["program"].nodes:
         operands = [args[-r - 1] if r < 0 else values[r] for r in n.inputs]
+        operands = [o.astype(compute) if isinstance(o, np.ndarray) and o.dtype == np.float16
+                    else o for o in operands]  # f16 values are computed with as f32
         values.append(np.asarray(OPS[n.op].ref(operands, n)).astype(types[n.dtype],
                                                                     copy=False))
     return values[-1]

@@ -74,15 +74,16 @@ def split_long_contractions(graph: Graph, protected: Iterable[int]
             remap[node.id] = out.add(node.op, inputs, node.attrs, node.shape, node.dtype,
                                      node.site).id
             continue
+        # the operands keep their dtypes (f16 under mixed precision), the partials are f32
         a3 = out.add("reshape", (inputs[0],), {"shape": (s, k // s, m)}, (s, k // s, m),
-                     "f32", node.site)
+                     a.dtype, node.site)
         b3 = out.add("reshape", (inputs[1],), {"shape": (s, k // s, n)}, (s, k // s, n),
-                     "f32", node.site)
+                     b.dtype, node.site)
         parts = out.add("matmul_batched", (a3.id, b3.id),
                         {"transpose_a": True, "transpose_b": False}, (s, m, n), "f32",
                         node.site)
         remap[node.id] = out.add("sum_to_shape", (parts.id,), {"shape": (m, n)}, (m, n),
-                                 "f32", node.site).id
+                                 node.dtype, node.site).id
     out.outputs = [remap[i] for i in graph.outputs]
     out.captures = {k: remap[v] for k, v in graph.captures.items()}
     return out, remap

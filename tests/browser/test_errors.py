@@ -218,3 +218,27 @@ def test_errors_end_at_the_users_line_not_in_pyodide(models: Page) -> None:
         assert not any(word in err["message"] for word in INTERNAL), err["message"]
         frames = [line for line in err["traceback"].splitlines() if 'File "' in line]
         assert not any(word in line for line in frames for word in INTERNAL), err["traceback"]
+
+
+def test_mixed_precision_without_shader_f16_rejects_with_feature_error(models: Page) -> None:
+    """SwiftShader has no shader-f16: compiling with precision="mixed" raises FeatureError
+    naming the feature and the adapter (no silent fallback to f32)."""
+    out = models.js("""async () => {
+      const src = [
+        "import tensorgrad as tg",
+        "async def main():",
+        "    device = await tg.default_device()",
+        "    assert 'shader-f16' not in device.info.features, device.info",
+        "    await tg.compile(model=ErrNet(), loss=err_mse, seed=1, precision='mixed',",
+        "                     optimizer=tg.optim.Adam(lr=1e-2), inputs={'x': [4, 2], 'y': [4, 1]})",
+      ].join("\\n");
+      try {
+        await session.runScript(src);
+        return { resolved: true };
+      } catch (e) {
+        return { name: e.name, message: e.message };
+      }
+    }""")
+    assert out.get("name") == "FeatureError", out
+    assert re.search(r"precision='mixed' needs the WebGPU feature 'shader-f16' .* the device "
+                     r"on .*SwiftShader.* does not have", out["message"], re.IGNORECASE), out

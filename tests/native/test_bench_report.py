@@ -85,6 +85,19 @@ def test_report_quick_mlp_prints_the_table(gpu_device, tmp_path) -> None:
         assert cells["torch eager"] == "n/a"
 
 
+def test_report_quick_in_mixed_precision(gpu_device, tmp_path) -> None:
+    """--precision mixed: tensorgrad compiles in mixed precision (lavapipe has shader-f16),
+    the torch twin trains under torch.autocast (bfloat16 on a CPU, float16 on CUDA)."""
+    _, report = run_report(tmp_path, "--quick", "--models", "gpt", "--precision", "mixed")
+    (gpt,) = report["models"]
+    tgr = gpt["tensorgrad"]
+    assert tgr["precision"] == "mixed" and tgr["loss_scale"] > 0 and tgr["steps"] == 3, tgr
+    assert tgr["skipped_steps"] >= 0 and tgr["steps_per_s"] > 0
+    if HAVE_TORCH:
+        eager = gpt["torch_eager"]
+        assert eager["steps_per_s"] > 0 and eager["autocast"] in ("bfloat16", "float16"), eager
+
+
 def test_report_matmul_quick(gpu_device, tmp_path) -> None:
     stdout, report = run_report(tmp_path, "--matmul", "--quick", "--variants", "auto,naive",
                                 "--shapes", "square 64,dW up")

@@ -154,3 +154,40 @@ def test_compiling_with_every_param_frozen_names_them(gpu_device) -> None:
     with pytest.raises(tg.TraceError, match=r"every f32 param of the model is frozen "
                        r"\(Module.freeze\)"):
         asyncio.run(go())
+
+
+def test_frozen_params_stay_f32_masters_under_mixed_precision(gpu_device) -> None:
+    """precision="mixed" (scaled gradients, f16 activations) over a frozen extractor: the
+    uploaded pretrained values (not f16-representable) come back bit-identical as f32, only
+    the head gets gradients and moves, and the losses follow the f32 run's."""
+    rng = np.random.default_rng(7)
+    pretrained = {"features.W": rng.normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32),
+                  "features.b": rng.normal(0, 0.1, (4,)).astype(np.float32)}
+    assert not np.array_equal(pretrained["features.W"].astype(np.float16), pretrained["features.W"])
+    steps = batches(1) * 12
+
+    async def go(precision: str) -> tuple[dict[str, np.ndarray], list[float], list[str]]:
+        handle = await tg.compile(model=frozen_net(), loss=loss_fn, inputs=INPUTS,
+                                  optimizer=tg.optim.AdamW(lr=0.05, weight_decay=0.1),
+                                  seed=0, device=gpu_device, precision=precision)
+        await handle.upload_params(pretrained, partial=True)
+        before = {k: np.array(v) for k, v in (await handle.download_params()).items()}
+        losses = []
+        for feeds in steps:
+            result = await handle.step(**feeds)
+            assert result.kind == "completed" and not result.skipped, result
+            losses.append(result.loss)
+        after = {k: np.array(v) for k, v in (await handle.download_params()).items()}
+        for k, v in pretrained.items():
+            assert after[k].dtype == np.float32 and np.array_equal(after[k], v), k
+        assert not np.array_equal(before["head.W"], after["head.W"])
+        grads = sorted(await handle.download_param_grads())
+        handle.destroy()
+        return after, losses, grads
+
+    after, losses, grads = asyncio.run(go("mixed"))
+    f32_after, f32_losses, f32_grads = asyncio.run(go("f32"))
+    assert grads == f32_grads == ["head.W", "head.b"]
+    assert losses[-1] < 0.5 * losses[0], losses
+    np.testing.assert_allclose(losses, f32_losses, rtol=0.02)
+    np.testing.assert_allclose(after["head.W"], f32_after["head.W"], atol=0.02)
