@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -232,14 +233,18 @@ def messages(gid: int, kinds: list[tuple[str, dict[str, Any]]]) -> list[dict[str
 
 
 async def arrive_together(session: worker.Session, sent: list[dict[str, Any]],
-                          probe: Any = None) -> tuple[list[dict[str, Any]], Any]:
+                          train: Any = None) -> tuple[list[dict[str, Any]], int | None]:
     """Dispatch every message as the worker does when they arrive together (one coroutine each,
-    started in arrival order); `probe()` runs once every handler has reached its first wait."""
-    tasks = [asyncio.ensure_future(worker.dispatch(m, session)) for m in sent]
-    for _ in range(3):
-        await asyncio.sleep(0)
-    seen = probe() if probe else None
-    return list(await asyncio.gather(*tasks)), seen
+    started in arrival order). With `train`, its call queue is held meanwhile (nothing of it
+    runs, on any machine): also how many calls wait in it once every handler reached its
+    first wait."""
+    holding = train._queue if train is not None else contextlib.nullcontext()
+    async with holding:
+        tasks = [asyncio.ensure_future(worker.dispatch(m, session)) for m in sent]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        waiting = len(train._queue._waiters) if train is not None else None
+    return list(await asyncio.gather(*tasks)), waiting
 
 
 def test_steps_sent_together_give_the_losses_and_params_of_awaited_steps(session) -> None:
@@ -257,14 +262,13 @@ def test_steps_sent_together_give_the_losses_and_params_of_awaited_steps(session
     train = session.graph(together).obj
     sent = messages(together, [("step", {"inputs": batch(i)}) for i in range(10)]
                     + [("downloadParams", {})])
-    replies, waiting = asyncio.run(arrive_together(
-        session, sent, lambda: len(train._queue._waiters)))
+    replies, waiting = asyncio.run(arrive_together(session, sent, train))
     assert [r["id"] for r in replies] == [m["id"] for m in sent]
     assert [r["result"]["loss"] for r in replies[:10]] == losses  # bit for bit, in order
     got = replies[10]["result"]
     assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in expected.items()}
     assert train.step_count == 10
-    assert waiting == 10, f"{waiting} calls queued behind the first step, expected 10"
+    assert waiting == 11, f"{waiting} calls queued in the handle, expected the 11 sent"
 
 
 def test_replace_model_aborts_the_steps_in_flight_before_it(session) -> None:
