@@ -345,7 +345,9 @@ export class Train extends Forward {
   setLR(lr) { return this.session.request("setLR", { graphId: this.graphId, lr }); }
 
   /** Recompile for a new model expression (a string; {seed?: integer, optimizer?: an
-   *  expression or plain data}); the handle stays valid. */
+   *  expression or plain data}); the handle stays valid. Steps and runs called before it
+   *  that have not finished resolve {kind: "aborted"}; those called after it run on the new
+   *  model. */
   async replaceModel(model, { seed, optimizer } = {}) {
     const info = await this.session.request("replaceModel",
                                             { graphId: this.graphId, model, seed, optimizer });
