@@ -315,9 +315,9 @@ export class Train extends Forward {
   /** One training step; `inputs`, a record {name: Float32Array | Int32Array}, are transferred.
    *  Resolves {kind: "completed", loss, captures: {name: typed array}, captureShapes} |
    *  {kind: "aborted"} | {kind: "failed", error}. Steps may be called without awaiting the
-   *  last: the worker starts each as soon as it arrives, they run one after another in call
+   *  last: the worker queues each as soon as it arrives, they run one after another in call
    *  order with the results of awaited steps, and their promises resolve in that order (a
-   *  few in flight keep the GPU busy while the page reads the last loss). A replaceModel()
+   *  few in flight keep the worker busy while the page reads the last loss). A replaceModel()
    *  or destroy() makes the steps called before it that have not finished resolve
    *  {kind: "aborted"}. */
   step(inputs) {
