@@ -2,7 +2,7 @@
 """tensorgrad against jax-js in one headless Chromium launch (WebGPU; SwiftShader here).
 
     python bench/bench_peers.py [--launches 3] [--only mlp|transformer] [--mlp-steps 100]
-                                [--transformer-steps 8] [--no-build] [--json]
+                                [--transformer-steps 8] [--rounds 3] [--no-build] [--json]
     python bench/bench_peers.py --smoke       # one launch, few steps: does everything run?
 
 Workloads: the MLP 1-64-64-1 (batch 256, Adam, MSE on sin; demos/mlp_sin/model.py) and the
@@ -23,7 +23,8 @@ Figures, the median over the launches (each launch runs every page once, in turn
   compile+1  from asking for the compiled step to the first step's loss in hand
   first at   page wall time to the first trained step, from navigation start
   steps/s    steady speed, every loss read: each step awaited before the next is sent, and
-             (page client, jax-js) one step sent ahead of reading the last one's loss
+             (page client, jax-js) one step sent ahead of reading the last one's loss (2 in
+             flight), and pipelined: three steps sent ahead (4 in flight)
 
 The bench needs no network: the bundle (dist/web/, built unless --no-build), node_modules and
 the fixture are served from 127.0.0.1.
@@ -151,11 +152,12 @@ def check_losses(kind: str, runs: list[dict[str, Any]], tolerance: float) -> lis
 
 FIGURES = (("ready", "readyMs", "ms"), ("compile+1", "compileFirstMs", "ms"),
            ("first at", "firstStepAt", "ms"), ("steps/s await", "awaitEach", "/s"),
-           ("steps/s ahead", "ahead", "/s"))
+           ("steps/s ahead", "ahead", "/s"), ("steps/s 4 in flight", "pipelined", "/s"))
+STEADY = ("awaitEach", "ahead", "pipelined")
 
 
 def figure(run: dict[str, Any], key: str) -> float | None:
-    value = run.get("stepsPerS", {}).get(key) if key in ("awaitEach", "ahead") else run.get(key)
+    value = run.get("stepsPerS", {}).get(key) if key in STEADY else run.get(key)
     return value if isinstance(value, (int, float)) else None
 
 
@@ -201,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=sorted(DEMOS), action="append")
     parser.add_argument("--mlp-steps", type=int, default=100)
     parser.add_argument("--transformer-steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=1, help="steady speed measured this "
+                        "many times each way, the ways taking turns; the median (default 1)")
     parser.add_argument("--check", type=int, default=5, help="first steps whose losses must "
                         "agree between the libraries (default 5)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up steps (at least)")
@@ -258,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                         page = "jaxjs.html" if lib == "jax-js" else "tensorgrad.html"
                         query = (f"?kind={kind}&mode={mode}&check={args.check}&warmup="
                                  f"{args.warmup}&steps={steps[kind]}&warmupSeconds="
-                                 f"{args.warmup_seconds}"
+                                 f"{args.warmup_seconds}&rounds={args.rounds}"
                                  + ("&root=/before/" if lib == "before" else ""))
                         t0 = time.perf_counter()
                         run = run_page(browser, f"{url}bench-peers/{page}{query}", args.timeout)

@@ -297,7 +297,8 @@ class Training(Handle):
                       optimizer: OptimizerConfig | None = None) -> Coroutine[Any, Any, None]:
         """Swap in a new model (fresh params, optimizer state and step counter). Calls made
         before it return Aborted if they had not finished; attached forwards retrace against
-        the new model. The rebuild runs once the calls before it are done."""
+        the new model. The rebuild runs once the calls before it are done; if the handle was
+        destroyed meanwhile it raises AbortError and builds nothing."""
         self._live_exe()
         if seed is not None:
             check_seed(seed)  # a bad seed raises now, not inside the queue
@@ -306,6 +307,9 @@ class Training(Handle):
             child._invalidate()
 
         async def rebuild() -> None:
+            if self._destroyed:  # destroyed after this call: build nothing it would not free
+                raise AbortError("replace_model: the training was destroyed before the new "
+                                 "model was built")
             old_exe, old_store = self._exe, self._store
             self._build(model, optimizer if optimizer is not None else self._optimizer, seed)
             if old_exe is not None:

@@ -252,10 +252,21 @@ async function resultOf(promise) {
 
 /** A forward graph: attached to a training graph, sharing its parameters. */
 export class Forward {
-  constructor(session, info) {
+  constructor(session, info, order = { tail: Promise.resolve() }) {
     this.session = session;
     this.graphId = info.graphId;            // the worker's id of this graph
+    this._order = order;                    // shared by a training graph and its forwards
     this._update(info);
+  }
+
+  // Several step() and run() calls may be in flight: the worker queues each as soon as it
+  // arrives and runs them in call order. Their results settle in that order too, also where
+  // the worker answers a later call at once (a step sent after destroy() is aborted without
+  // waiting, a call refused by the protocol check fails here): each waits for the one before.
+  _inOrder(result) {
+    const settled = this._order.tail.then(() => result);
+    this._order.tail = settled;
+    return settled;
   }
 
   _update(info) {
@@ -266,10 +277,11 @@ export class Forward {
 
   /** Run the forward on `inputs`, a record {name: typed array} (transferred). Resolves
    *  {kind: "completed", output, outputShape, captures, captureShapes} | aborted | failed
-   *  (see resultOf). */
+   *  (see resultOf). Runs and steps of one training graph may be called without awaiting
+   *  the last: they run, and resolve, in call order. */
   run(inputs) {
-    return resultOf(this.session.request("run", { graphId: this.graphId, inputs },
-                                         { transfer: buffersOf(inputs) }));
+    return this._inOrder(resultOf(this.session.request("run", { graphId: this.graphId, inputs },
+                                                       { transfer: buffersOf(inputs) })));
   }
 
   /** Write params, a record {name: Float32Array} (transferred); every param unless
@@ -302,10 +314,15 @@ export class Train extends Forward {
 
   /** One training step; `inputs`, a record {name: Float32Array | Int32Array}, are transferred.
    *  Resolves {kind: "completed", loss, captures: {name: typed array}, captureShapes} |
-   *  {kind: "aborted"} | {kind: "failed", error}. */
+   *  {kind: "aborted"} | {kind: "failed", error}. Steps may be called without awaiting the
+   *  last: the worker queues each as soon as it arrives, they run one after another in call
+   *  order with the results of awaited steps, and their promises resolve in that order (a
+   *  few in flight keep the worker busy while the page reads the last loss). A replaceModel()
+   *  or destroy() makes the steps called before it that have not finished resolve
+   *  {kind: "aborted"}. */
   step(inputs) {
-    return resultOf(this.session.request("step", { graphId: this.graphId, inputs },
-                                         { transfer: buffersOf(inputs) }));
+    return this._inOrder(resultOf(this.session.request("step", { graphId: this.graphId, inputs },
+                                                       { transfer: buffersOf(inputs) })));
   }
 
   /** A forward graph sharing this graph's parameters: {forward, inputs, output?}: forward a
@@ -314,7 +331,7 @@ export class Train extends Forward {
   async attach({ forward, inputs, output } = {}) {
     const info = await this.session.request("attach",
                                             { graphId: this.graphId, forward, inputs, output });
-    return new Forward(this.session, info);
+    return new Forward(this.session, info, this._order);
   }
 
   /** Re-initialise params (same seed) and/or optimizer state ({params, optimizer}: bools,
@@ -328,7 +345,9 @@ export class Train extends Forward {
   setLR(lr) { return this.session.request("setLR", { graphId: this.graphId, lr }); }
 
   /** Recompile for a new model expression (a string; {seed?: integer, optimizer?: an
-   *  expression or plain data}); the handle stays valid. */
+   *  expression or plain data}); the handle stays valid. Steps and runs called before it
+   *  that have not finished resolve {kind: "aborted"}; those called after it run on the new
+   *  model. */
   async replaceModel(model, { seed, optimizer } = {}) {
     const info = await this.session.request("replaceModel",
                                             { graphId: this.graphId, model, seed, optimizer });

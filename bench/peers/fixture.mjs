@@ -41,33 +41,55 @@ export async function warmUp(step, first, count, since, seconds) {
 }
 
 // The page's settings: ?kind=mlp|transformer&check=K&warmup=W&steps=N(&mode=page|script)
+// (&rounds=R: steady speed measured R times each way, see steady)
 export function settings() {
   const q = new URL(self.location.href).searchParams;
   const int = (name, fallback) => Number.parseInt(q.get(name) ?? fallback, 10);
   return { kind: q.get("kind") ?? "mlp", mode: q.get("mode") ?? "page",
            check: int("check", 5), warmup: int("warmup", 2), steps: int("steps", 50),
-           warmupSeconds: Number(q.get("warmupSeconds") ?? 0) };
+           warmupSeconds: Number(q.get("warmupSeconds") ?? 0), rounds: int("rounds", 1) };
 }
 
-// Steps/s of `count` steps through `step(i)` (a promise of the step's loss, a number), two
-// ways: each step awaited before the next is sent ("await"), and one step sent ahead of the
-// loss being read ("ahead"). Every loss is read and checked to be finite.
-export async function steady(step, first, count) {
-  const finite = (loss, i) => {
-    if (!Number.isFinite(loss)) throw new Error(`step ${i}: loss ${loss}`);
-  };
-  let i = first;
-  let t0 = performance.now();
-  for (let k = 0; k < count; k++, i++) finite(await step(i), i);
-  const awaitEach = (1000 * count) / (performance.now() - t0);
-  t0 = performance.now();
-  let pending = step(i++);
-  for (let k = 1; k < count; k++, i++) {
-    const next = step(i);
-    finite(await pending, i - 1);
-    pending = next;
+// Steps/s of `count` steps through `step(i)` (a promise of the step's loss, a number), with
+// `depth` steps in flight: each step is sent `depth - 1` steps before its loss is read (1:
+// each awaited before the next is sent). Every loss is read, in order, and checked finite.
+async function rate(step, first, count, depth) {
+  const inFlight = [];
+  const t0 = performance.now();
+  for (let i = first; i < first + count; i++) {
+    inFlight.push([i, step(i)]);
+    if (inFlight.length === depth) {
+      const [j, loss] = inFlight.shift();
+      finite(await loss, j);
+    }
   }
-  finite(await pending, i - 1);
-  const ahead = (1000 * count) / (performance.now() - t0);
-  return { awaitEach, ahead };
+  for (const [j, loss] of inFlight) finite(await loss, j);
+  return (1000 * count) / (performance.now() - t0);
+}
+
+function finite(loss, i) {
+  if (!Number.isFinite(loss)) throw new Error(`step ${i}: loss ${loss}`);
+}
+
+// Steady steps/s three ways, `count` steps a measure: each step awaited before the next is
+// sent ("awaitEach"), one step sent ahead of reading the last one's loss ("ahead", 2 in
+// flight), and pipelined ("pipelined", 4 in flight: three steps sent ahead). With `rounds`
+// above 1 the three measures take turns, each round in another order (a machine whose load
+// drifts weighs on every way alike), and each figure is the median of its rounds.
+export async function steady(step, first, count, rounds = 1) {
+  const ways = [["awaitEach", 1], ["ahead", 2], ["pipelined", 4]];
+  const got = { awaitEach: [], ahead: [], pipelined: [] };
+  let i = first;
+  for (let r = 0; r < rounds; r++) {
+    for (let w = 0; w < ways.length; w++) {
+      const [name, depth] = ways[(w + r) % ways.length];
+      got[name].push(await rate(step, i, count, depth));
+      i += count;
+    }
+  }
+  const median = (xs) => {
+    const s = [...xs].sort((a, b) => a - b), m = s.length >> 1;
+    return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+  };
+  return Object.fromEntries(Object.entries(got).map(([k, xs]) => [k, median(xs)]));
 }

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from math import prod
 from typing import TYPE_CHECKING, Any, Self
 
@@ -199,6 +199,18 @@ def _local_failure(exc: BaseException) -> Failed:
     return Failed(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
 
 
+async def _value(result: Result) -> Result:
+    return result
+
+
+async def _settled(sent: Any, output: bool) -> Result:
+    """The result of a step/run message already sent (`sent`: the JS promise of its reply)."""
+    try:
+        return _result(from_js(await _call(sent)), output=output)
+    except Exception as exc:  # noqa: BLE001 (step/run report failures, never raise)
+        return _local_failure(exc)
+
+
 # -- graphs -----------------------------------------------------------------------------------
 class RemoteForward:
     """A forward graph held by the worker (from :meth:`RemoteTraining.attach`), sharing its
@@ -221,21 +233,24 @@ class RemoteForward:
     async def _request(self, kind: str, **payload: Any) -> Any:
         return await self.session.request(kind, {"graphId": self.graph_id, **payload})
 
-    async def _graph_call(self, kind: str, inputs: Mapping[str, Any], output: bool) -> Result:
+    def _graph_call(self, kind: str, inputs: Mapping[str, Any], output: bool
+                    ) -> Coroutine[Any, Any, Result]:
+        """Convert `inputs` and send the message now (so calls reach the worker in call order
+        however they are awaited); a coroutine of the result."""
         try:
             typed = _typed_arrays(inputs, self.input_decls, f"{kind} input")
-            reply = await self.session.request(
-                kind, {"graphId": self.graph_id, "inputs": typed},
-                transfer=[t.buffer for t in typed.values()])
-            return _result(reply, output=output)
+            sent = self.session._post(kind, {"graphId": self.graph_id, "inputs": typed},
+                                      transfer=[t.buffer for t in typed.values()])
         except Exception as exc:  # noqa: BLE001 (step/run report failures, never raise)
-            return _local_failure(exc)
+            return _value(_local_failure(exc))
+        return _settled(sent, output)
 
-    async def run(self, **inputs: Any) -> Result:
-        """Run the forward: ``Completed(output=..., captures=...)``, ``Aborted()`` or
-        ``Failed(error)``; never raises. The output is shaped like the native one (a NumPy
-        array when NumPy imports, else a memoryview cast to the output's shape)."""
-        return await self._graph_call("run", inputs, output=True)
+    def run(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
+        """Run the forward (await it): ``Completed(output=..., captures=...)``, ``Aborted()``
+        or ``Failed(error)``; never raises. The output is shaped like the native one (a NumPy
+        array when NumPy imports, else a memoryview cast to the output's shape). Sent when
+        called, like :meth:`RemoteTraining.step`."""
+        return self._graph_call("run", inputs, output=True)
 
     async def upload_params(self, params: Mapping[str, Any], partial: bool = False) -> None:
         """Replace parameters: ``{name: buffer | list | typed array}`` of f32 values; every
@@ -274,10 +289,15 @@ class RemoteTraining(RemoteForward):
         super()._update(info)
         self.kernel_count: int = int(info.get("kernelCount") or 0)
 
-    async def step(self, **inputs: Any) -> Result:
-        """One training step: ``Completed(loss=..., captures=...)``, ``Aborted()`` or
-        ``Failed(error)``; never raises. Inputs are buffers, lists or typed arrays."""
-        return await self._graph_call("step", inputs, output=False)
+    def step(self, **inputs: Any) -> Coroutine[Any, Any, Result]:
+        """One training step (await it): ``Completed(loss=..., captures=...)``, ``Aborted()``
+        or ``Failed(error)``; never raises. Inputs are buffers, lists or typed arrays.
+
+        The step is sent to the worker when called, as the native ``step`` is queued when
+        called: steps (and runs) called one after another run in that order however they
+        are awaited, so a page can call the next step before reading the last loss (a few in
+        flight keep the worker busy), with the results of steps awaited one by one."""
+        return self._graph_call("step", inputs, output=False)
 
     async def attach(self, forward: str, inputs: Mapping[str, Any], output: str | None = None
                      ) -> RemoteForward:
@@ -321,18 +341,22 @@ class Session:
         data. `transfer` lists JS ArrayBuffers to move to the worker. Raises
         :class:`~tensorgrad.web.protocol.ProtocolError` for a message the table does not
         allow, :class:`RemoteError` when the worker fails it."""
-        check_payload(kind, payload or {})
-        options: dict[str, Any] = {"transfer": transfer or []}
         proxy = _callback_proxy(on_post) if on_post is not None else None
-        if proxy is not None:
-            options["onPost"] = proxy
         try:
-            reply = await _call(self.js.request(kind, to_js_value(payload or {}),
-                                                to_js_value(options)))
+            reply = await _call(self._post(kind, payload, transfer=transfer, on_post=proxy))
         finally:
             if proxy is not None:
                 proxy.destroy()
         return from_js(reply)
+
+    def _post(self, kind: str, payload: Mapping[str, Any] | None, *,
+              transfer: list[Any] | None = None, on_post: Any = None) -> Any:
+        """Check and send one message now; the JS promise of its reply."""
+        check_payload(kind, payload or {})
+        options: dict[str, Any] = {"transfer": transfer or []}
+        if on_post is not None:
+            options["onPost"] = on_post
+        return self.js.request(kind, to_js_value(payload or {}), to_js_value(options))
 
     @property
     def timings(self) -> dict[str, Any]:

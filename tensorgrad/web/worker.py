@@ -7,7 +7,14 @@ default: a handler never sees a field of the wrong type or None). What the
 handler returns becomes ``{id, ok: true, result}``; what it raises becomes ``{id, ok: false,
 error: {name, message, traceback}}``, `name` being the exception's class name (the page
 client maps it back, see :func:`tensorgrad.errors.remote_error`). Handlers run concurrently
-(each message is its own coroutine); work on one graph is serialised by that graph's lock.
+(each message is its own coroutine, started in arrival order). A handler that works on a
+graph calls its handle before its first ``await``, so the call takes its place in the
+handle's own call queue (:class:`~tensorgrad.flight.CallQueue`) in message order: a step
+starts as soon as its message arrives, while the steps sent before it still run, and the
+page can keep several in flight. Steps, runs, uploads and the rest run one at a time in that
+order with the results of the Python API; a ``replaceModel`` or ``destroy`` makes the calls
+sent before it that have not finished return Aborted, as :meth:`Training.replace_model
+<tensorgrad.Training.replace_model>` does.
 
 Typed arrays in a payload arrive as memoryviews ('f' for Float32Array, 'i' for Int32Array).
 A message Python cannot read (a Float16Array, ...) is answered with a ProtocolError.
@@ -23,7 +30,7 @@ import itertools
 import linecache
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 from .. import api, optim
@@ -60,7 +67,6 @@ class Graph:
 
     obj: Training | Forward
     parent: int | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     destroyed: bool = False
 
 
@@ -260,14 +266,11 @@ async def _compile(payload: dict[str, Any], session: Session) -> dict[str, Any]:
 
 async def _step_or_run(payload: dict[str, Any], session: Session, method: str
                        ) -> dict[str, Any]:
-    """The graph's step or run; the result as the page sees it (:func:`result_message`)."""
+    """The graph's step or run, queued at once behind the graph's earlier calls; the result
+    as the page sees it (:func:`result_message`)."""
     try:
         graph = session.graph(payload["graphId"])
-        inputs = dict(payload["inputs"])
-        async with graph.lock:
-            if graph.destroyed:
-                raise AbortError(f"graph {payload['graphId']} was destroyed")
-            res = await getattr(graph.obj, method)(**inputs)
+        res = await getattr(graph.obj, method)(**dict(payload["inputs"]))
     except AbortError:
         return {"kind": "aborted"}
     return result_message(res)
@@ -301,15 +304,13 @@ async def _attach(payload: dict[str, Any], session: Session) -> dict[str, Any]:
 async def _upload_params(payload: dict[str, Any], session: Session) -> None:
     graph = session.graph(payload["graphId"])
     params = dict(payload["params"])  # checked by upload_params (shapes too), not flattened
-    async with graph.lock:
-        await graph.obj.upload_params(params, partial=payload.get("partial", False))
+    await graph.obj.upload_params(params, partial=payload.get("partial", False))
 
 
 @handler("downloadParams")
 async def _download_params(payload: dict[str, Any], session: Session) -> dict[str, memoryview]:
     graph = session.graph(payload["graphId"])
-    async with graph.lock:
-        params = await graph.obj.download_params()
+    params = await graph.obj.download_params()
     return {name: flat_buffer(value) for name, value in params.items()}
 
 
@@ -323,17 +324,14 @@ def _training(graph: Graph, kind: str, graph_id: Any) -> Training:
 async def _reset(payload: dict[str, Any], session: Session) -> None:
     graph = session.graph(payload["graphId"])
     train = _training(graph, "reset", payload["graphId"])
-    async with graph.lock:
-        await train.reset(params=payload.get("params", True),
-                          optimizer=payload.get("optimizer", True))
+    await train.reset(params=payload.get("params", True), optimizer=payload.get("optimizer", True))
 
 
 @handler("setLR")
 async def _set_lr(payload: dict[str, Any], session: Session) -> None:
     graph = session.graph(payload["graphId"])
     train = _training(graph, "setLR", payload["graphId"])
-    async with graph.lock:
-        await train.set_lr(session.lr(payload["lr"]))
+    await train.set_lr(session.lr(payload["lr"]))
 
 
 @handler("replaceModel")
@@ -345,9 +343,19 @@ async def _replace_model(payload: dict[str, Any], session: Session) -> dict[str,
         kwargs["seed"] = payload["seed"]
     if "optimizer" in payload:
         kwargs["optimizer"] = session.optimizer(payload["optimizer"])
-    async with graph.lock:
-        await train.replace_model(session.evaluate(payload["model"]), **kwargs)
-    return _graph_info(train)
+    rebuilt = train.replace_model(session.evaluate(payload["model"]), **kwargs)
+
+    async def describe() -> dict[str, Any]:
+        return _graph_info(train)
+
+    # Read in the handle's turn right after the rebuild: a later call may already be queued
+    # behind it (another replaceModel), and it would run before this handler resumes.
+    info = train._queue.submit(describe)
+    try:
+        await rebuilt
+    finally:
+        described = await info
+    return described
 
 
 @handler("destroy")

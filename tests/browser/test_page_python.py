@@ -338,6 +338,40 @@ def test_attach_run_params_and_destroy(page_python: PythonPage,
     assert out["aborted"] == ["Aborted", "Aborted"], out
 
 
+IN_FLIGHT = """
+import array, json
+import tensorgrad as tg
+
+spec = dict(model="MLP()", loss="loss_fn", inputs={"x": [8, 4], "y": [8, 1]},
+            optimizer={"kind": "adam", "lr": 0.01}, seed=3)
+awaited, together = await session.compile(**spec), await session.compile(**spec)
+
+def batch(i):
+    xs = [((k * 7 + i * 3) % 11) / 11 - 0.5 for k in range(32)]
+    return {"x": array.array("f", xs), "y": array.array("f", [xs[4 * r] * i for r in range(8)])}
+
+one = [await awaited.step(**batch(i)) for i in range(6)]
+calls = [together.step(**batch(i)) for i in range(6)]   # all sent now
+got = [await c for c in reversed(calls)][::-1]           # awaited last to first
+await awaited.destroy()
+await together.destroy()
+json.dumps({"awaited": [r.loss for r in one], "together": [r.loss for r in got],
+            "kinds": [r.kind for r in got]})
+"""
+
+
+def test_steps_called_in_a_row_run_in_call_order_however_awaited(
+        page_python: PythonPage, started: dict[str, Any]) -> None:
+    """The Python page client sends a step when it is called (as the native step is queued
+    when called): six steps called in a row and awaited last to first give the losses of six
+    steps awaited one by one, in call order (the client sent each at its first await: the
+    last one went first)."""
+    out = page_python.py(IN_FLIGHT)
+    assert out["kinds"] == ["completed"] * 6, out
+    assert out["together"] == out["awaited"], out
+    assert len(set(out["awaited"])) == 6, out
+
+
 def test_the_python_client_refuses_mistyped_fields_before_sending(
         page_python: PythonPage, started: dict[str, Any]) -> None:
     out = page_python.py(MISTYPED)

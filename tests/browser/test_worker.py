@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 from typing import Any
 
@@ -462,6 +463,98 @@ def test_attach_replace_model_and_destroy(net: Page) -> None:
     assert out["after"] == "aborted" and out["afterRun"] == "aborted"
     ids = [net.info["graphId"], out["forwardId"]]
     assert net.exec_json(f"[i in loop.SESSION.graphs for i in {ids}]") == [False, False]
+
+
+# Steps sent without awaiting the last (several in flight), against the same steps awaited one
+# by one on a twin graph (same model, seed, optimizer and batches).
+IN_FLIGHT_SETUP = """
+  const spec = { model: "WkNet()", loss: "wk_loss", inputs: { x: [2, 4], y: [[2], "i32"] },
+                 optimizer: { kind: "adam", lr: 0.05 }, seed: 5 };
+  const batch = (i) => ({ x: Float32Array.from(X, (v, k) => v * (((i + k) % 3) - 1) + 0.125 * i),
+                          y: Int32Array.from([i % 2, (i + 1) % 2]) });
+  // step 10 of a run has a NaN input (the worker skips its update), step 7 a field the client's
+  // protocol check refuses (never sent)
+  const faulty = (i) => i === 10 ? { ...batch(i), x: batch(i).x.map((v, k) => k === 2 ? NaN : v) }
+    : i === 7 ? { ...batch(i), x: "not a typed array" } : batch(i);
+  const outcome = (r) => r.kind === "completed" ? r.loss : `${r.kind} ${r.error?.name}`;
+  const plain = (p) => Object.fromEntries(Object.entries(p).map(([k, v]) => [k, Array.from(v)]));
+  const settled = [];
+  const track = (name, promise) => promise.then((r) => { settled.push(name); return r; });
+"""
+
+IN_FLIGHT = """async ({ X, n }) => {""" + IN_FLIGHT_SETUP + """
+  const awaited = await session.compile(spec), together = await session.compile(spec);
+  const one = [];
+  for (let i = 0; i < n; i++) one.push(await awaited.step(faulty(i)));
+  const calls = [];
+  for (let i = 0; i < n; i++) calls.push(track(i, together.step(faulty(i))));
+  const params = together.downloadParams();  // queued behind the steps
+  // Handled as soon as it arrives, while the first step runs: how many calls wait their turn
+  // in the handle's queue (the worker held each back until the one before it had finished).
+  const waiting = session.exec("import asyncio\\nfor _ in range(3):\\n    await asyncio.sleep(0)\\n" +
+    `(lambda t: (len(t._queue._waiters), t.step_count))(loop.SESSION.graphs[${together.graphId}].obj)`);
+  const all = await Promise.all(calls);
+  const out = { awaited: one.map(outcome), together: all.map(outcome),
+                kinds: all.map((r) => r.kind), settled, waiting: await waiting,
+                paramsAwaited: plain(await awaited.downloadParams()),
+                paramsTogether: plain(await params),
+                captures: all.every((r, i) => r.kind !== "completed" ||
+                  Array.from(r.captures.pred).join() === Array.from(one[i].captures.pred).join()) };
+  await awaited.destroy();
+  await together.destroy();
+  return out;
+}"""
+
+
+def test_steps_in_flight_give_the_losses_and_params_of_awaited_steps(net: Page) -> None:
+    """Twelve steps called without awaiting: each is queued in the worker as soon as it
+    arrives, and they give the losses, captures and params of twelve awaited steps, bit for
+    bit, their promises settling in call order. A step that fails (a NaN input: update
+    skipped; a field the protocol check refuses: never sent) fails alone, in its place; the
+    steps after it run."""
+    n = 12
+    out = net.js(IN_FLIGHT, {"X": X, "n": n})
+    failed = {7: "failed ProtocolError", 10: "failed FloatingPointError"}
+    assert out["kinds"] == ["failed" if i in failed else "completed" for i in range(n)], out
+    assert out["together"] == out["awaited"], out
+    assert [out["together"][i] for i in failed] == list(failed.values()), out
+    assert len(set(out["awaited"])) == n  # twelve different outcomes, not one loss repeated
+    assert out["captures"] and out["paramsTogether"] == out["paramsAwaited"], out
+    assert out["settled"] == list(range(n)), out["settled"]
+    # while the first steps ran, every later step sent (11: one was refused) and the download
+    # already waited in the handle's queue (done counts the completed steps, the NaN one
+    # never; the probe runs long before it)
+    waiting, done = ast.literal_eval(out["waiting"])
+    assert waiting > 0 and waiting + done == n - 1, out["waiting"]
+
+
+REPLACE_IN_FLIGHT = """async ({ X }) => {""" + IN_FLIGHT_SETUP + """
+  const t = await session.compile(spec);
+  const s0 = track("s0", t.step(batch(0))), s1 = track("s1", t.step(batch(1)));
+  const replaced = t.replaceModel("WkDeeper()", { seed: 1 });
+  const s2 = track("s2", t.step(batch(2))), s3 = track("s3", t.step(batch(3)));
+  const kinds = (await Promise.all([s0, s1, s2, s3])).map((r) => r.kind);
+  const info = await replaced;
+  const d0 = track("d0", t.step(batch(4))), d1 = track("d1", t.step(batch(5)));
+  const destroyed = t.destroy();
+  const d2 = track("d2", t.step(batch(6)));
+  const afterDestroy = (await Promise.all([d0, d1, d2])).map((r) => r.kind);
+  await destroyed;
+  return { kinds, names: info.paramNames, handleNames: t.paramNames, afterDestroy, settled };
+}"""
+
+
+def test_replace_model_and_destroy_abort_the_steps_in_flight(net: Page) -> None:
+    """Steps called before replaceModel() that have not finished resolve aborted (the Python
+    API's rule; the worker let them finish before), those after it run on the new model;
+    destroy() aborts the steps in flight and those after it, and every step promise settles
+    in call order (a step after destroy is answered at once: it waits for the earlier
+    ones)."""
+    out = net.js(REPLACE_IN_FLIGHT, {"X": X})
+    assert out["kinds"] == ["aborted", "aborted", "completed", "completed"], out
+    assert out["names"] == out["handleNames"] == ["l1.W", "l1.b", "l2.W", "l2.b"], out
+    assert out["afterDestroy"] == ["aborted", "aborted", "aborted"], out
+    assert out["settled"] == ["s0", "s1", "s2", "s3", "d0", "d1", "d2"], out
 
 
 def test_compile_reports_missing_compiler_or_bad_spec(tg: Page) -> None:

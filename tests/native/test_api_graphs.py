@@ -234,6 +234,23 @@ def test_replace_model_aborts_calls_in_flight(gpu_device) -> None:
     run(go())
 
 
+def test_replace_model_then_destroy_builds_nothing(gpu_device) -> None:
+    """destroy() called while a replace_model waits its turn: the rebuild raises AbortError
+    instead of building a graph on the destroyed handle (its buffers and program leaked)."""
+    async def go() -> None:
+        before = gpu_device.live_objects()
+        train = await compile_tiny(gpu_device)
+        pending = train.replace_model(TinyMLP(hidden=4), seed=2)
+        train.destroy()
+        with pytest.raises(tg.errors.AbortError, match="replace_model: the training was "
+                           "destroyed before the new model was built"):
+            await pending
+        after = gpu_device.live_objects()
+        assert (after["buffers"], after["programs"]) == (before["buffers"], before["programs"])
+
+    run(go())
+
+
 def test_failed_replace_model_keeps_the_old_model(gpu_device) -> None:
     class Broken(tg.Module):
         def __init__(self) -> None:

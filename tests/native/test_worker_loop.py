@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -21,6 +22,14 @@ class Tiny(tg.Module):
 
 def tiny_loss(model, x, y):
     return tg.mean(tg.square(model.fc(x) - y))
+
+class Two(tg.Module):  # the same loss fits it: model.fc(x) of [2, 3] -> [2, 1]
+    def __init__(self):
+        self.a = tg.Linear(3, 2)
+        self.b = tg.Linear(2, 1)
+
+    def fc(self, x):
+        return self.b(tg.relu(self.a(x)))
 """
 X = array.array("f", [0.5, -1.0, 2.0, 1.0, 0.0, -0.5])
 Y = array.array("f", [1.0, -1.0])
@@ -210,3 +219,128 @@ def test_shaped_data_over_the_protocol_is_checked_against_the_declared_shape(ses
     x = memoryview(X).cast("B").cast("f", (2, 3))
     reply = call(session, "step", {"graphId": gid, "inputs": {"x": x, "y": Y}})
     assert reply["ok"] and reply["result"]["kind"] == "completed", reply
+
+
+# -- several messages in flight (the page sends steps without awaiting each) ----------------
+def batch(i: int) -> dict[str, array.array]:
+    return {"x": array.array("f", [(i * 3 + k) % 7 * 0.25 - 0.75 for k in range(6)]),
+            "y": array.array("f", [0.5 * (i % 3) - 0.5, 1.0 - 0.25 * (i % 4)])}
+
+
+def messages(gid: int, kinds: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [{"id": 100 + n, "kind": kind, "payload": {"graphId": gid, **payload}}
+            for n, (kind, payload) in enumerate(kinds)]
+
+
+async def arrive_together(session: worker.Session, sent: list[dict[str, Any]],
+                          train: Any = None) -> tuple[list[dict[str, Any]], int | None]:
+    """Dispatch every message as the worker does when they arrive together (one coroutine each,
+    started in arrival order). With `train`, its call queue is held meanwhile (nothing of it
+    runs, on any machine): also how many calls wait in it once every handler reached its
+    first wait."""
+    holding = train._queue if train is not None else contextlib.nullcontext()
+    async with holding:
+        tasks = [asyncio.ensure_future(worker.dispatch(m, session)) for m in sent]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        waiting = len(train._queue._waiters) if train is not None else None
+    return list(await asyncio.gather(*tasks)), waiting
+
+
+def test_steps_sent_together_give_the_losses_and_params_of_awaited_steps(session) -> None:
+    """Ten steps (and a download behind them) sent without waiting: the same losses, in order,
+    and the same params as ten steps each awaited before the next, on a twin graph. Every
+    step is in the handle's call queue as soon as its message is handled: no worker-side lock
+    holds the later ones back until the earlier ones are done."""
+    awaited, together = (compile_tiny(session, {"kind": "adam", "lr": 0.05})["graphId"]
+                         for _ in range(2))
+    losses = []
+    for i in range(10):
+        reply = call(session, "step", {"graphId": awaited, "inputs": batch(i)})
+        losses.append(reply["result"]["loss"])
+    expected = call(session, "downloadParams", {"graphId": awaited})["result"]
+    train = session.graph(together).obj
+    sent = messages(together, [("step", {"inputs": batch(i)}) for i in range(10)]
+                    + [("downloadParams", {})])
+    replies, waiting = asyncio.run(arrive_together(session, sent, train))
+    assert [r["id"] for r in replies] == [m["id"] for m in sent]
+    assert [r["result"]["loss"] for r in replies[:10]] == losses  # bit for bit, in order
+    got = replies[10]["result"]
+    assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in expected.items()}
+    assert train.step_count == 10
+    assert waiting == 11, f"{waiting} calls queued in the handle, expected the 11 sent"
+
+
+def test_replace_model_aborts_the_steps_in_flight_before_it(session) -> None:
+    """A replaceModel sent behind steps that have not finished makes them Aborted (as
+    Training.replace_model does natively; the worker's lock let them finish before); the steps
+    sent after it run on the new model, and each replaceModel reply describes its own model."""
+    gid = compile_tiny(session, {"kind": "adam", "lr": 0.05})["graphId"]
+    sent = messages(gid, [("step", {"inputs": batch(0)}), ("step", {"inputs": batch(1)}),
+                          ("replaceModel", {"model": "Two()", "seed": 1}),
+                          ("step", {"inputs": batch(2)}),
+                          ("replaceModel", {"model": "Tiny()", "seed": 2}),
+                          ("step", {"inputs": batch(3)}), ("step", {"inputs": batch(4)})])
+    replies, _ = asyncio.run(arrive_together(session, sent))
+    assert all(r["ok"] for r in replies), replies
+    kinds = [r["result"]["kind"] if "kind" in (r["result"] or {}) else "info" for r in replies]
+    assert kinds == ["aborted", "aborted", "info", "aborted", "info", "completed", "completed"]
+    assert replies[2]["result"]["paramNames"] == ["a.W", "a.b", "b.W", "b.b"]
+    assert replies[4]["result"]["paramNames"] == ["fc.W", "fc.b"]
+    # the two steps after the last replaceModel ran on a fresh Tiny(seed 2): a twin agrees
+    twin = call(session, "compile", {"model": "Tiny()", "loss": "tiny_loss",
+                                     "inputs": {"x": [2, 3], "y": [2, 1]},
+                                     "optimizer": {"kind": "adam", "lr": 0.05}, "seed": 2})
+    twin_losses = [call(session, "step", {"graphId": twin["result"]["graphId"],
+                                          "inputs": batch(i)})["result"]["loss"] for i in (3, 4)]
+    assert [r["result"]["loss"] for r in replies[5:]] == twin_losses
+    assert session.graph(gid).obj.step_count == 2
+
+
+def test_destroy_aborts_the_steps_in_flight_and_those_after_it(session) -> None:
+    gid = compile_tiny(session, {"kind": "adam", "lr": 0.05})["graphId"]
+    sent = messages(gid, [("step", {"inputs": batch(i)}) for i in range(3)]
+                    + [("destroy", {})] + [("step", {"inputs": batch(i)}) for i in range(2)])
+    replies, _ = asyncio.run(arrive_together(session, sent))
+    assert [r["result"] for r in replies] == [{"kind": "aborted"}] * 3 + [None] + [
+        {"kind": "aborted"}] * 2
+    assert gid not in session.graphs
+
+
+def test_a_failed_step_in_flight_fails_alone_and_the_later_steps_run(session) -> None:
+    """A step that fails among steps sent together (a NaN input: the update is skipped; an
+    input of the wrong size: refused when its message is handled) gets its own failed reply;
+    the steps sent after it still run, in order, with the losses, errors and params of the
+    same steps awaited one by one."""
+    def bad(i: int) -> dict[str, array.array]:
+        data = batch(i)
+        if i == 3:
+            data["x"][4] = float("nan")
+        if i == 6:
+            data["x"] = array.array("f", data["x"][:5])
+        return data
+
+    awaited, together = (compile_tiny(session, {"kind": "adam", "lr": 0.05})["graphId"]
+                         for _ in range(2))
+    expected = [call(session, "step", {"graphId": awaited, "inputs": bad(i)})["result"]
+                for i in range(9)]
+    sent = messages(together, [("step", {"inputs": bad(i)}) for i in range(9)])
+    replies, _ = asyncio.run(arrive_together(session, sent))
+    got = [r["result"] for r in replies]
+
+    def outcome(r: dict[str, Any]) -> tuple[Any, ...]:
+        if r["kind"] == "failed":
+            # (a ShapeError's message goes on with where the step was called: not compared)
+            return ("failed", r["error"]["name"], r["error"]["message"].splitlines()[0])
+        return (r["kind"], r["loss"])
+
+    assert [outcome(r) for r in got] == [outcome(r) for r in expected]
+    assert [r["kind"] for r in got] == ["completed"] * 3 + ["failed"] + ["completed"] * 2 + [
+        "failed"] + ["completed"] * 2
+    assert got[3]["error"]["name"] == "FloatingPointError"
+    assert got[6]["error"]["name"] == "ShapeError"
+    awaited_params, together_params = (
+        {k: v.tolist() for k, v in call(session, "downloadParams", {"graphId": g})["result"].items()}
+        for g in (awaited, together))
+    assert together_params == awaited_params
+    assert session.graph(together).obj.step_count == 7
