@@ -22,6 +22,7 @@ from typing import Protocol
 from ..ir import DType, FusedProgram, Node, Shape
 from . import wgsl as w
 from .kernel import EmitContext, Kernel
+from .storage import closing
 
 LAYOUT_OPS = ("reshape", "permute")
 _OPERAND = re.compile(r"\ba(\d+)\b")
@@ -197,25 +198,12 @@ def _function(name: str, params: str, dtype: DType, writer: _Writer, result: str
     return f"fn {name}({params}) -> {kind} {{\n{body}\n  return {result};\n}}"
 
 
-def _closing(text: str, start: int) -> int:
-    """Index of the bracket that closes the one opened just before `start`."""
-    depth = 1
-    for j in range(start, len(text)):
-        if text[j] in "[(":
-            depth += 1
-        elif text[j] in "])":
-            depth -= 1
-            if depth == 0:
-                return j
-    raise ValueError("unbalanced brackets in a kernel")
-
-
 def _rewrite_reads(text: str, slots: Mapping[int, str]) -> str:
     """`in{s}[x]` -> `{slots[s]}x]` (another input) or `load_s(x)` (a prologue)."""
     out: list[str] = []
     pos = 0
     while (m := _READ.search(text, pos)) is not None:
-        end = _closing(text, m.end())
+        end = closing(text, m.end())
         inner = _rewrite_reads(text[m.end():end], slots)
         opening = slots[int(m.group(1))]
         out += [text[pos:m.start()], opening, inner, "]" if opening.endswith("[") else ")"]
@@ -229,7 +217,7 @@ def _rewrite_writes(text: str, op: str) -> str:
     out: list[str] = []
     pos = 0
     while (m := _WRITE.search(text, pos)) is not None:
-        end = _closing(text, m.end())
+        end = closing(text, m.end())
         index = text[m.end():end]
         assign = _ASSIGN.match(text, end + 1)
         semi = text.find(";", end + 1)
