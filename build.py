@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import base64
 import functools
 import hashlib
 import http.server
@@ -295,22 +294,10 @@ def build_wheel() -> Path:
     files[f"{dist_info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: tensorgrad build.py\n"
                                    b"Root-Is-Purelib: true\nTag: py3-none-any\n")
     files[f"{dist_info}/top_level.txt"] = f"{PACKAGE}\n".encode()
-    record = []
-    for arc, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{arc},sha256={digest},{len(data)}")
-    record.append(f"{dist_info}/RECORD,,")
-    files[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
-
     DIST.mkdir(exist_ok=True)
     out = DIST / f"{stem}-py3-none-any.whl"
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
-        for arc, data in files.items():
-            info = zipfile.ZipInfo(arc, date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, data)
+    litebundle.write_wheel(tmp, files, dist_info)
     os.replace(tmp, out)
     return out
 

@@ -118,18 +118,8 @@ def renamed_wheel(wheel: Path, distribution: str, dest: Path) -> Path:
                 data = re.sub(rb"(?m)^Name: .*$", f"Name: {distribution}".encode(), data)
         if not name.endswith("/RECORD"):
             out[name] = data
-    record = []
-    for name, data in out.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(data)}")
-    out[f"{new_info}/RECORD"] = ("\n".join([*record, f"{new_info}/RECORD,,"]) + "\n").encode()
     target = dest / f"{stem}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in out.items():
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, data)
+    write_wheel(target, out, new_info)
     return target
 
 
@@ -287,11 +277,13 @@ def pure_pyyaml_wheel(cache: Path) -> Path:
     files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: PyYAML\nVersion: {PYYAML}\n".encode()
     files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: tensorgrad litebundle.py\n"
                               b"Root-Is-Purelib: true\nTag: py3-none-any\n")
-    _write_wheel(out, files, info)
+    write_wheel(out, files, info)
     return out
 
 
-def _write_wheel(path: Path, files: dict[str, bytes], info: str) -> None:
+def write_wheel(path: Path, files: dict[str, bytes], info: str) -> None:
+    """Write `files` ({archive name: bytes}) as a wheel at `path`, reproducibly (fixed dates
+    and modes) with `info`/RECORD (the sha256 and size of every file) added last."""
     record = []
     for name, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
