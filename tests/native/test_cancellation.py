@@ -16,25 +16,7 @@ import pytest
 import tensorgrad as tg
 from tests.models import DeepMLP
 from tests.native.api_helpers import bits, run
-
-WIDTH = 128
-INPUTS = {"x": (256, WIDTH), "y": (256, WIDTH)}
-
-
-def deep_loss(m: DeepMLP, x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
-    return tg.mean(tg.square(m(x) - y))
-
-
-def batch(seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {k: rng.standard_normal(s).astype(np.float32) for k, s in INPUTS.items()}
-
-
-async def compile_deep(device: Any) -> tg.Training:
-    # ~100 kernels in chunks of 4: a step spans ~25 submissions, with waits between them
-    return await tg.compile(model=DeepMLP(width=WIDTH, scale=0.1), loss=deep_loss, inputs=INPUTS,
-                            optimizer=tg.optim.Adam(lr=1e-2), seed=1, device=device,
-                            chunk_size=4)
+from tests.native.deep_model import INPUTS, WIDTH, batch, compile_deep
 
 
 @contextlib.asynccontextmanager
@@ -79,6 +61,15 @@ def reference(device: Any) -> dict[str, Any]:
     return _reference
 
 
+async def go_on_as_the_reference(train: tg.Training, ref: dict[str, Any]) -> None:
+    """Steps on batches 1 and 2 complete and leave the step count and params of the
+    uncancelled run after its three steps."""
+    for k in (1, 2):
+        assert (await train.step(**batch(k))).kind == "completed"
+    assert train.step_count == 3
+    assert bits(await train.download_params()) == ref[2]
+
+
 def test_a_step_cancelled_on_the_gpu_is_applied_and_counted(gpu_device) -> None:
     ref = reference(gpu_device)
 
@@ -91,10 +82,7 @@ def test_a_step_cancelled_on_the_gpu_is_applied_and_counted(gpu_device) -> None:
                 await step
         assert bits(await train.download_params()) == ref[0]   # the whole update landed
         assert train.step_count == 1                            # and was counted
-        for k in (1, 2):
-            assert (await train.step(**batch(k))).kind == "completed"
-        assert train.step_count == 3
-        assert bits(await train.download_params()) == ref[2]
+        await go_on_as_the_reference(train, ref)
         train.destroy()
 
     run(go())
@@ -107,10 +95,7 @@ def test_a_step_timed_out_on_the_gpu_is_applied_and_counted(gpu_device) -> None:
         train = await compile_deep(gpu_device)
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(train.step(**batch(0)), 0.001)
-        for k in (1, 2):
-            assert (await train.step(**batch(k))).kind == "completed"
-        assert train.step_count == 3
-        assert bits(await train.download_params()) == ref[2]
+        await go_on_as_the_reference(train, ref)
         train.destroy()
 
     run(go())
@@ -130,10 +115,7 @@ def test_a_step_cancelled_in_the_queue_never_runs(gpu_device) -> None:
         assert (await first).kind == "completed"
         assert train.step_count == 1
         assert bits(await train.download_params()) == ref[0]
-        for k in (1, 2):
-            assert (await train.step(**batch(k))).kind == "completed"
-        assert train.step_count == 3
-        assert bits(await train.download_params()) == ref[2]
+        await go_on_as_the_reference(train, ref)
         train.destroy()
 
     run(go())
@@ -157,12 +139,9 @@ def test_a_step_left_running_when_its_event_loop_ends_completes(gpu_device) -> N
 
     async def go_on() -> None:
         assert bits(await train.download_params()) == ref[0]
-        for k in (1, 2):
-            assert (await train.step(**batch(k))).kind == "completed"
-        assert bits(await train.download_params()) == ref[2]
+        await go_on_as_the_reference(train, ref)
 
     run(go_on())
-    assert train.step_count == 3
     train.destroy()
 
 
@@ -183,10 +162,7 @@ def test_uploads_resets_and_lr_changes_cancelled_in_the_queue_never_run(gpu_devi
                 with pytest.raises(asyncio.CancelledError):
                     await call
         assert (await first).kind == "completed"
-        for k in (1, 2):
-            assert (await train.step(**batch(k))).kind == "completed"
-        assert train.step_count == 3
-        assert bits(await train.download_params()) == ref[2]
+        await go_on_as_the_reference(train, ref)
         train.destroy()
 
     run(go())

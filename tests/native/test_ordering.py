@@ -8,28 +8,8 @@ import asyncio
 
 import numpy as np
 
-import tensorgrad as tg
-from tests.models import DeepMLP
 from tests.native.api_helpers import run
-
-WIDTH = 128
-INPUTS = {"x": (256, WIDTH), "y": (256, WIDTH)}
-
-
-def deep_loss(m: DeepMLP, x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
-    return tg.mean(tg.square(m(x) - y))
-
-
-def batch(seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {k: rng.standard_normal(s).astype(np.float32) for k, s in INPUTS.items()}
-
-
-async def compile_deep(device, chunk_size: int = 4) -> tg.Training:
-    # ~100 kernels in chunks of 4: a step spans ~25 submissions, with waits between them
-    return await tg.compile(model=DeepMLP(width=WIDTH, scale=0.1), loss=deep_loss, inputs=INPUTS,
-                            optimizer=tg.optim.Adam(lr=1e-2), seed=1, device=device,
-                            chunk_size=chunk_size)
+from tests.native.deep_model import batch, compile_deep
 
 
 def test_upload_during_a_step_lands_wholly_after_it(gpu_device) -> None:
