@@ -131,6 +131,16 @@ def completed(result: Any, what: str) -> Any:
     return result
 
 
+async def latest_floats(call: Any, what: str, **inputs: Any) -> list[float] | None:
+    """The f32 output of ``call(**inputs)`` (a ``tg.single_flight`` forward run) as a flat
+    list; None when a newer call superseded it (Aborted); RuntimeError naming `what` when it
+    failed."""
+    result = await call(**inputs)
+    if result.kind == "aborted":
+        return None
+    return floats(completed(result, what).output)
+
+
 def _local_data(name: str) -> Path:
     """A data file built natively from its pinned package (demos/data, cached in dist/)."""
     spec = importlib.util.spec_from_file_location("tensorgrad_demo_data", DEMOS / "data" /

@@ -159,10 +159,7 @@ async def evaluate() -> dict:
 async def canvas_predict(pixels: list[float]) -> list[float] | None:
     """Probabilities of the classes for one drawing; None when a newer one superseded it."""
     await setup()
-    result = await STATE["canvas"](x=pixels)
-    if result.kind == "aborted":
-        return None
-    return dc.floats(dc.completed(result, "predict").output)
+    return await dc.latest_floats(STATE["canvas"], "predict", x=pixels)
 
 
 async def reset() -> None:
