@@ -110,6 +110,19 @@ def test_pyscript_is_served_offline(web_url: str) -> None:
     assert 'href="pyscript_mlp/"' in index
 
 
+def check_sin_plots(page: Any, png: Path) -> None:
+    """The page's #loss and #fit cards, screenshotted to `png`, hold the loss curve (blue)
+    and sin(x) (gray) with the model's fit (orange)."""
+    shot = page.screenshot(path=str(png), full_page=True)
+    px = page.evaluate(PIXELS, {"png": base64.b64encode(shot).decode(),
+                                "rects": page.evaluate(RECTS, ["loss", "fit"]),
+                                "colors": {"blue": LOSS_BLUE, "orange": FIT_ORANGE,
+                                           "gray": SIN_GRAY}})
+    print(f"screenshot pixels: {px}")
+    assert px["loss"]["blue"] > 300, px
+    assert px["fit"]["orange"] > 300 and px["fit"]["gray"] > 300, px
+
+
 def test_pyscript_mlp_demo_trains_plots_stays_responsive_and_exports(
         watched: Any, web_url: str, tmp_path: Path) -> None:
     import torch
@@ -151,14 +164,7 @@ def test_pyscript_mlp_demo_trains_plots_stays_responsive_and_exports(
 
     # the plots
     w.page.evaluate("() => new Promise((r) => requestAnimationFrame(() => r()))")
-    png = w.page.screenshot(path=str(tmp_path / "pyscript_mlp.png"), full_page=True)
-    px = w.page.evaluate(PIXELS, {"png": base64.b64encode(png).decode(),
-                                  "rects": w.page.evaluate(RECTS, ["loss", "fit"]),
-                                  "colors": {"blue": LOSS_BLUE, "orange": FIT_ORANGE,
-                                             "gray": SIN_GRAY}})
-    print(f"screenshot pixels: {px}")
-    assert px["loss"]["blue"] > 300, px
-    assert px["fit"]["orange"] > 300 and px["fit"]["gray"] > 300, px
+    check_sin_plots(w.page, tmp_path / "pyscript_mlp.png")
     assert int(w.page.evaluate("document.getElementById('loss').dataset.points")) >= \
         fig["steps"]
 
@@ -234,14 +240,7 @@ def test_pyscript_worker_demo_trains_in_process_while_the_page_ticks(
     assert gaps["beats"] > 0.5 * gaps["span"] / 20 and gaps["p99"] < 250, gaps
     assert gaps["max"] < 1000, gaps
     # the plots, drawn on the page from the worker's numbers
-    png = w.page.screenshot(path=str(tmp_path / "pyscript_worker.png"), full_page=True)
-    px = w.page.evaluate(PIXELS, {"png": base64.b64encode(png).decode(),
-                                  "rects": w.page.evaluate(RECTS, ["loss", "fit"]),
-                                  "colors": {"blue": LOSS_BLUE, "orange": FIT_ORANGE,
-                                             "gray": SIN_GRAY}})
-    print(f"screenshot pixels: {px}")
-    assert px["loss"]["blue"] > 300, px
-    assert px["fit"]["orange"] > 300 and px["fit"]["gray"] > 300, px
+    check_sin_plots(w.page, tmp_path / "pyscript_worker.png")
     assert int(w.page.evaluate("document.getElementById('loss').dataset.longest")) == \
         fig["steps"]
     assert not w.foreign_requests(web_url), w.foreign_requests(web_url)
