@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import describe
 from .compiler import Request, compile_graph
-from .errors import ShapeError
+from .errors import AbortError, ShapeError
 from .flight import CallQueue
 from .gpu import GPUDevice
 from .handle import Handle, Shapes
@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 
 Typed = dict[str, tuple[Shape, DType]]
 """{input name: (shape, dtype)} of one compiled shape of a forward."""
+
+# A compile may give the event loop a turn: in the browser, Pyodide's run_sync (JSPI) waits for
+# the pipelines while other tasks run, so replace_model or destroy can happen in the middle of
+# one. Each compiled shape therefore remembers the param store it binds, and is used only while
+# that store is the live one.
+_Cached = tuple[Executable, Typed, ParamStore]
 
 
 class Forward(Handle):
@@ -56,7 +62,7 @@ class Forward(Handle):
         self._owner = owner
         self._own_store = store
         self._own_model = model
-        self._cache: OrderedDict[str, tuple[Executable, Typed]] = OrderedDict()
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
 
     def _live_store(self) -> ParamStore:
         store = self._owner._live_store() if self._owner else self._own_store
@@ -85,7 +91,7 @@ class Forward(Handle):
             return f"<tg.Forward of {model}: destroyed, inputs {inputs}, {owner}>"
         compiled = [", ".join(f"{n}: {list(s)}" for n, (s, _) in typed.items()) + "; "
                     + describe.count(exe.kernel_count, "kernel")
-                    for exe, typed in self._cache.values()]
+                    for exe, typed, _ in self._cache.values()]
         shapes = (describe.count(len(compiled), "shape") + " compiled (" +
                   " | ".join(compiled) + ")" if compiled else "no shape compiled yet")
         try:
@@ -97,28 +103,45 @@ class Forward(Handle):
 
     def _invalidate(self) -> None:
         self._generation += 1
-        for exe, _ in self._cache.values():
+        for exe, _, _ in self._cache.values():
             exe.destroy()
         self._cache.clear()
 
     def graph_for(self, **inputs: InputData) -> Executable:
-        """The executable for these inputs' shapes (compiled on first use, LRU-cached)."""
-        return self._executable(resolve_shapes(self._input_decls, inputs))
+        """The executable for these inputs' shapes (compiled on first use, LRU-cached), for
+        the model in place now: between ``replace_model`` and its rebuild, the old one."""
+        shapes = resolve_shapes(self._input_decls, inputs)
+        while True:
+            try:
+                return self._executable(shapes)
+            except AbortError:  # replaced while it compiled: compile for the new one
+                if self._destroyed:
+                    raise RuntimeError("this forward handle was destroyed") from None
 
     def _executable(self, shapes: Shapes) -> Executable:
+        """The cached executable of `shapes` bound to the live param store, else a new one.
+        AbortError when the model is replaced or the handle destroyed while it compiles."""
         typed: Typed = {n: (s, self._dtypes[n]) for n, s in shapes.items()}
         key = "|".join(f"{n}:{'x'.join(map(str, s))}:{d}" for n, (s, d) in sorted(typed.items()))
-        hit = self._cache.get(key)
+        store = self._live_store()
+        hit = self._cache.pop(key, None)
         if hit is not None:
-            self._cache.move_to_end(key)
-            return hit[0]
+            if hit[2] is store:
+                self._cache[key] = hit  # most recently used
+                return hit[0]
+            hit[0].destroy()  # compiled against a store replaced since
+        generation = self._generation
         c = compile_graph(Request("forward", self._model, self._forward, typed,
-                                  output=self._output), self._options(self._live_store()))
+                                  output=self._output), self._options(store))
         exe = c.executable
         assert exe is not None
-        self._cache[key] = (exe, typed)
+        if self._destroyed or generation != self._generation or self._live_store() is not store:
+            exe.destroy()
+            raise AbortError("the model was replaced or the forward destroyed while this "
+                             "shape compiled")
+        self._cache[key] = (exe, typed, store)
         while len(self._cache) > self._max_cached:
-            _, (old, _) = self._cache.popitem(last=False)
+            _, (old, _, _) = self._cache.popitem(last=False)
             old.destroy()
         return exe
 

@@ -312,6 +312,10 @@ class Training(Handle):
                                  "model was built")
             old_exe, old_store = self._exe, self._store
             self._build(model, optimizer if optimizer is not None else self._optimizer, seed)
+            if self._destroyed_meanwhile():
+                self._drop_graph()
+                raise AbortError("replace_model: the training was destroyed while the new "
+                                 "model compiled")
             if old_exe is not None:
                 old_exe.destroy()
             if old_store is not None:
@@ -338,6 +342,15 @@ class Training(Handle):
         self._generation += 1
         for child in self._children:
             child.destroy()
+        self._drop_graph()
+
+    def _destroyed_meanwhile(self) -> bool:
+        """Whether destroy() ran during a compile that gave the event loop a turn (in the
+        browser, run_sync waits for the pipelines while other tasks run)."""
+        return self._destroyed
+
+    def _drop_graph(self) -> None:
+        """Free the executable and param store in place (if any) and forget them."""
         if self._exe is not None:
             self._exe.destroy()
         if self._store is not None:

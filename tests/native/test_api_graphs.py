@@ -251,6 +251,29 @@ def test_replace_model_then_destroy_builds_nothing(gpu_device) -> None:
     run(go())
 
 
+def test_output_shape_before_a_rebuild_leaves_no_executable_on_the_old_params(
+        gpu_device) -> None:
+    """output_shape (it compiles, outside the call queue) asked between replace_model and
+    its rebuild compiles for the model still in place; the runs after the rebuild use the new
+    params. (The old params' executable stayed cached: its next run submitted a destroyed
+    buffer, which wgpu-native answers by aborting the process.)"""
+    async def go() -> None:
+        train = await compile_tiny(gpu_device)
+        fwd = await train.attach(forward=predict, inputs={"x": (None, 2)})
+        xs = data(17, batch=3)["x"]
+        pending = train.replace_model(TinyMLP(hidden=5), seed=3)
+        assert fwd.output_shape(x=xs) == (3, 1)  # the model in place: the old one
+        await pending
+        out = await fwd.run(x=xs)
+        assert out.kind == "completed", out
+        p = await train.download_params()
+        assert p["l1.W"].shape == (2, 5)
+        np.testing.assert_allclose(out.output, np_mlp(p, xs), rtol=1e-5, atol=1e-6)
+        train.destroy()
+
+    run(go())
+
+
 def test_failed_replace_model_keeps_the_old_model(gpu_device) -> None:
     class Broken(tg.Module):
         def __init__(self) -> None:
