@@ -31,7 +31,7 @@ from .ir import LEAF_OPS, DType, Graph, Node, Shape
 from .packing import Block, Packing, pack_blocks
 
 BUFFER_KINDS = ("param", "param_grad", "input", "state", "intermediate", "output", "capture",
-                "param_arena", "grad_arena", "arena")
+                "param_arena", "grad_arena", "arena", "zeros")
 _LEAF_KIND = {"param": "param", "input": "input", "state": "state"}
 OFFSET_ALIGN = 256
 """Bytes: where a block of the pool may start (WebGPU's min_storage_buffer_offset_alignment,
@@ -70,6 +70,19 @@ class ResolvedWriteback:
     dst_offset: int = 0
 
 
+@dataclass(frozen=True)
+class ZeroFill:
+    """Copy `size` zero bytes into buffer `dst` at byte `offset` once the nodes before node
+    `at` have run: the padding between the tensors of a pack in the pool, which the readers
+    of the whole arena (the optimizer's norms and updates) read as zeros (a dedicated buffer
+    is created zeroed; the pool holds what earlier tensors left)."""
+
+    at: int
+    dst: int
+    offset: int
+    size: int
+
+
 @dataclass
 class BufferPlan:
     """Buffers, the buffer of each node, the named buffers and the writeback copies.
@@ -90,6 +103,8 @@ class BufferPlan:
     packed: frozenset[int] = frozenset()  # pack nodes: their inputs sit in their buffer
     node_offset: list[int] = field(default_factory=list)  # byte offset in node_buffer's
     persistent: frozenset[int] = frozenset()  # pooled nodes whose bytes outlive the step
+    zero_fills: list[ZeroFill] = field(default_factory=list)
+    zeros: int = -1  # the buffer of zeros the fills copy from (-1: none)
     peak_bytes: int = 0
     unpooled_bytes: int = 0
 
@@ -279,6 +294,8 @@ class _Planner:
         self.arena_of: dict[int, int] = {}  # pack node -> its dedicated buffer
         self.block_of: dict[int, int] = {}  # pooled node -> its block
         self.members: list[list[int]] = []  # the nodes of each block
+        self.fills: list[ZeroFill] = []
+        self.zeros = -1
 
     def new_buffer(self, kind: str, name: str, is_pooled: bool) -> int:
         self.sizes.append(0)
@@ -395,6 +412,23 @@ class _Planner:
         for view, (src, offset) in self.views.items():
             self.node_buffer[view] = self.node_buffer[src]
             self.node_offset[view] = self.node_offset[src] + offset
+        self.fills = [fill for p in sorted(self.packs) if p in self.block_of
+                      for fill in self.padding(p)]
+        if self.fills:
+            self.zeros = self.new_buffer("zeros", "", False)
+            self.sizes[self.zeros] = max(f.size for f in self.fills)
+
+    def padding(self, pack: int) -> list[ZeroFill]:
+        """The fills of the bytes of pooled `pack` that none of its tensors covers."""
+        base, buf = self.node_offset[pack], self.node_buffer[pack]
+        fills, low = [], base
+        for lo, hi in sorted((self.node_offset[x], self.node_offset[x] + self.graph[x].buffer_bytes)
+                             for x in self.graph[pack].inputs):
+            if lo > low:
+                fills.append(ZeroFill(pack, buf, low, lo - low))
+            low = max(low, hi)
+        end = base + self.graph[pack].buffer_bytes
+        return fills + ([ZeroFill(pack, buf, low, end - low)] if end > low else [])
 
     def plan(self, grads: Mapping[str, int]) -> BufferPlan:
         """The plan once every node is placed (writebacks not resolved yet)."""
@@ -402,7 +436,8 @@ class _Planner:
         buffers = [BufferSpec(b, self.kinds[b], self.sizes[b], graph[occ[0]].dtype,
                               graph[occ[0]].shape, tuple(occ), self.names[b],
                               float(graph[occ[0]].attrs.get("init", 0.0))
-                              if self.kinds[b] == "state" else 0.0, self.pooled[b])
+                              if self.kinds[b] == "state" else 0.0, self.pooled[b]) if occ else
+                   BufferSpec(b, self.kinds[b], self.sizes[b], "f32", (self.sizes[b] // 4,), ())
                    for b, occ in enumerate(self.occupants)]
         return BufferPlan(
             buffers, nb,
@@ -415,6 +450,7 @@ class _Planner:
             views={v: src for v, (src, _) in self.views.items()},
             packed=frozenset(self.packs), node_offset=self.node_offset,
             persistent=frozenset(i for i in self.persistent if i in self.block_of),
+            zero_fills=self.fills, zeros=self.zeros,
             peak_bytes=sum(self.sizes),
             unpooled_bytes=sum(n.buffer_bytes for n in graph.nodes
                                if n.id not in self.views and n.id not in self.placed))
@@ -545,5 +581,5 @@ def check_plan(graph: Graph, plan: BufferPlan) -> None:
             raise PlanError(f"%{node.id} ({node.op}) would read and write buffer #{out}")
 
 
-__all__ = ["ARENA_KINDS", "BUFFER_KINDS", "BufferPlan", "BufferSpec",
-           "ResolvedWriteback", "check_bytes", "check_limits", "check_plan", "plan_buffers"]
+__all__ = ["ARENA_KINDS", "BUFFER_KINDS", "BufferPlan", "BufferSpec", "ResolvedWriteback",
+           "ZeroFill", "check_bytes", "check_limits", "check_plan", "plan_buffers"]

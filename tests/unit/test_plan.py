@@ -22,7 +22,7 @@ from tensorgrad.tensor import Tensor, leaf, tracing
 GPU_NP = {"f32": np.float32, "i32": np.int32, "bool": np.uint32}
 
 
-def training_graph(depth: int = 4, width: int = 6, optimizer=None):
+def training_graph(depth: int = 4, width: int = 6, optimizer=None, arena: bool = False):
     """An MLP-ish chain with varying widths, a bool mask, a capture and an optimizer."""
     with tracing() as st:
         x = leaf("input", "x", (5, width))
@@ -39,7 +39,7 @@ def training_graph(depth: int = 4, width: int = 6, optimizer=None):
     graph.outputs = [loss.id]
     graph.captures["hidden"] = h.id
     grads = append_grad(graph, loss.id)
-    opt = optim.append_optimizer(graph, grads, optimizer or optim.AdamW(0.01))
+    opt = optim.append_optimizer(graph, grads, optimizer or optim.AdamW(0.01), arena=arena)
     return graph, grads, opt
 
 
@@ -56,10 +56,10 @@ def feeds_for(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 def simulate(graph: Graph, plan: BufferPlan, feeds: dict) -> dict[int, np.ndarray]:
     """Run the graph with one bytearray per planned buffer (pooled ones start as NaN
     garbage), each node reading its inputs from and writing its output into its bytes (its
-    buffer at its offset).
+    buffer at its offset), views and packs running nothing, the zero fills copied.
     Returns the value of every node that must survive the step, read back at the end."""
-    buffers = [bytearray(np.full(b.size // 4, np.nan, np.float32).tobytes())
-               for b in plan.buffers]
+    buffers = [bytearray(np.full(b.size // 4, np.nan, np.float32).tobytes()) if b.pooled
+               else bytearray(b.size) for b in plan.buffers]
 
     def view(node_id: int) -> np.ndarray:
         node = graph[node_id]
@@ -73,14 +73,18 @@ def simulate(graph: Graph, plan: BufferPlan, feeds: dict) -> dict[int, np.ndarra
         offset = plan.node_offset[node_id]
         buffers[plan.node_buffer[node_id]][offset: offset + len(data)] = data
 
+    fills = sorted(plan.zero_fills, key=lambda f: f.at)
     for node in graph.nodes:
+        while fills and fills[0].at < node.id:  # as the runtime copies them
+            f = fills.pop(0)
+            buffers[f.dst][f.offset: f.offset + f.size] = bytes(f.size)
         if node.op in LEAF_OPS:
             name = node.attrs["name"]
             write(node.id, feeds[name] if name in feeds else
                   np.full(node.shape, node.attrs.get("init", 0.0)))
             continue
-        if node.id in plan.views:
-            continue  # no kernel runs: the view reads its root's buffer
+        if node.id in plan.no_kernel:
+            continue  # a view reads its root's bytes, a pack's inputs were written in place
         args = [view(i).astype(bool) if graph[i].dtype == "bool" else view(i).copy()
                 for i in node.inputs]
         write(node.id, OPS[node.op].ref(args, node))
@@ -106,6 +110,30 @@ def test_simulated_execution_with_reuse_matches_evaluate() -> None:
 
 
 VIEWS = {"reshape": OPS["reshape"]}
+
+
+@pytest.mark.parametrize("optimizer", [optim.AdamW(0.01, clip_grad_norm=1.0),
+                                       optim.SGD(0.1, momentum=0.9)])
+def test_a_step_with_its_gradient_arena_in_the_pool_matches_evaluate(optimizer) -> None:
+    """The optimizer's arenas and slices (views and packs, no kernel): the gradients are
+    written into the arena's block of the pool, whose padding between them (NaN garbage
+    here, as a pooled buffer holds what earlier tensors left) is zeroed before the norm and
+    the update read the whole arena."""
+    from tensorgrad.compiler import LAYOUT_OPS
+
+    graph, grads, opt = training_graph(depth=5, width=7, optimizer=optimizer, arena=True)
+    plan = plan_buffers(graph, grads=grads, writebacks=opt.writebacks, layout_ops=LAYOUT_OPS)
+    assert plan.packed and plan.zero_fills
+    pack = next(p for p in plan.packed if graph[graph[p].inputs[0]].op != "param")
+    assert plan.buffers[plan.node_buffer[pack]].pooled
+    assert_live_bytes_apart(graph, plan, grads)
+    feeds = feeds_for(graph)
+    want = evaluate(graph, feeds)
+    got = simulate(graph, plan, feeds)
+    assert set(grads.values()) <= set(got)
+    for node_id, value in got.items():
+        np.testing.assert_allclose(value, want[node_id], rtol=1e-6, atol=1e-7,
+                                   err_msg=graph[node_id].describe())
 
 
 def test_reshapes_are_views_of_their_input_unless_they_need_their_own_buffer() -> None:
