@@ -117,7 +117,7 @@ def main() -> None:
     for name in args.models:
         peaks = {p: report(name, p, args.top) for p in ("f32", "mixed")}
         print(f"{name}: f32 {_gib(peaks['f32'])}, mixed {_gib(peaks['mixed'])} "
-              f"({1 - peaks['mixed'] / peaks['f32']:.1%} less)\n")
+              f"({1 - peaks['mixed'] / peaks['f32']:.2%} less)\n")
 
 
 if __name__ == "__main__":

@@ -15,16 +15,21 @@ colour's blocks are packed on their own, in the manner of TFLite's "greedy by si
 planner and XLA's heap simulator: largest first, each at the tightest gap that fits among the
 blocks already placed whose lifetimes overlap its own (else above them), in the buffer that
 grows least, else in a new one. A few colour counts and two orders (by size, by size times
-lifetime) are tried and the smallest total kept: the colouring is what costs memory (the
-most bytes alive at one step, summed over colours, can exceed that of all blocks), and no one
-count or order is best for every graph.
+lifetime) are tried and the smallest total kept (the first that reaches the most bytes alive
+at one step, which no packing can beat): the colouring is what costs memory (the most bytes
+alive at one step, summed over colours, can exceed that of all blocks), and no one count or
+order is best for every graph.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import ceil
+
+TRIED_COLOURS = 6
+"""How many colour counts are tried, from the fewest the capacity allows."""
 
 
 @dataclass(frozen=True)
@@ -61,12 +66,13 @@ def peak_alive(blocks: Sequence[Block]) -> int:
 def _best_offset(placed: Sequence[tuple[int, int, int, int]], block: Block, need: int,
                  capacity: int) -> tuple[int, int] | None:
     """(offset, bytes of the gap left unused, 0 above everything) for `block` (`need` bytes
-    with its alignment padding) among the `placed` (start, end, offset, top) of a buffer,
-    or None when it fits nowhere below `capacity`."""
-    taken = sorted((lo, hi) for s, e, lo, hi in placed if s <= block.end and block.start <= e)
+    with its alignment padding) among the `placed` (offset, top, start, end) of a buffer,
+    sorted by offset, or None when it fits nowhere below `capacity`."""
     best: tuple[int, int] | None = None
     low = 0
-    for lo, hi in taken:
+    for lo, hi, s, e in placed:
+        if s > block.end or block.start > e:
+            continue
         gap = lo - low
         if gap >= need and (best is None or gap - need < best[1]):
             best = (low, gap - need)
@@ -97,7 +103,7 @@ def _greedy(blocks: Sequence[Block], which: Sequence[int], capacity: int, align:
             choice = (block.size, 0, len(placed) - 1, 0)
         _, _, h, off = choice
         heap[k], offset[k] = first + h, off
-        placed[h].append((block.start, block.end, off, off + need))
+        insort(placed[h], (off, off + need, block.start, block.end))
         sizes[first + h] = max(sizes[first + h], off + block.size)
 
 
@@ -106,29 +112,30 @@ def _colour(blocks: Sequence[Block], apart: Sequence[set[int]], colours: int,
     """A colour for each block, none shared across a conflict, taken in `order`: the colour
     whose peak the block raises least (then the one with the fewest bytes alive over its
     lifetime), a new one while fewer than `colours` are used and every one would grow."""
-    steps = max((b.end for b in blocks), default=0) + 1
+    # The bytes alive only rise where a block starts: track them at those steps alone.
+    starts = sorted({b.start for b in blocks})
+    rank = {s: k for k, s in enumerate(starts)}
+    spans = [(rank[b.start], bisect_right(starts, b.end)) for b in blocks]
     colour = [-1] * len(blocks)
     alive: list[list[int]] = []
     peak: list[int] = []
     for k in order:
-        block = blocks[k]
+        size, (lo, hi) = blocks[k].size, spans[k]
         banned = {colour[j] for j in apart[k]}
         best: tuple[int, int, int] | None = None
         for c, held in enumerate(alive):
             if c not in banned:
-                top = max(held[block.start:block.end + 1]) + block.size
+                top = max(held[lo:hi]) + size
                 key = (max(top, peak[c]) - peak[c], top, c)
                 best = key if best is None or key < best else best
         if best is None or (len(alive) < colours and best[0] > 0):
-            alive.append([0] * steps)
+            alive.append([0] * len(starts))
             peak.append(0)
-            best = (0, 0, len(alive) - 1)
+            best = (size, size, len(alive) - 1)
         c = best[2]
         colour[k] = c
-        held = alive[c]
-        for t in range(block.start, block.end + 1):
-            held[t] += block.size
-        peak[c] = max(peak[c], max(held[block.start:block.end + 1]))
+        alive[c][lo:hi] = [v + size for v in alive[c][lo:hi]]
+        peak[c] = max(peak[c], best[1])
     return colour
 
 
@@ -153,18 +160,25 @@ def pack_blocks(blocks: Sequence[Block], conflicts: Sequence[tuple[int, int]], c
     for a, b in conflicts:
         apart[a].add(b)
         apart[b].add(a)
-    least = max(1, ceil(peak_alive(blocks) / capacity))
+    bound = peak_alive(blocks)
+    least = max(1, ceil(bound / capacity))
     orders = (sorted(range(len(blocks)), key=lambda k: (-blocks[k].size, blocks[k].start, k)),
               sorted(range(len(blocks)), key=lambda k: (
                   -blocks[k].size * (blocks[k].end - blocks[k].start + 1), k)))
     best: Packing | None = None
-    for colours in range(least, least + 5):
+    tried: set[tuple[int, ...]] = set()
+    for colours in range(least, least + TRIED_COLOURS):
         for order in orders:
-            packing = _pack_coloured(blocks, _colour(blocks, apart, colours, order), capacity,
-                                     align)
+            colour = tuple(_colour(blocks, apart, colours, order))
+            if colour in tried:
+                continue
+            tried.add(colour)
+            packing = _pack_coloured(blocks, colour, capacity, align)
             if best is None or (sum(packing.sizes), len(packing.sizes)) < \
                     (sum(best.sizes), len(best.sizes)):
                 best = packing
+            if sum(best.sizes) == bound:  # none can do better
+                return best
     assert best is not None
     return best
 
