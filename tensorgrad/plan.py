@@ -291,7 +291,7 @@ class _Planner:
         self.occupants: list[list[int]] = []
         self.node_buffer = [-1] * len(graph.nodes)
         self.node_offset = [0] * len(graph.nodes)
-        self.arena_of: dict[int, int] = {}  # pack node -> its dedicated buffer
+        self.arena_of: dict[int, int | None] = {}  # pack node -> its dedicated buffer
         self.block_of: dict[int, int] = {}  # pooled node -> its block
         self.members: list[list[int]] = []  # the nodes of each block
         self.fills: list[ZeroFill] = []
@@ -308,13 +308,13 @@ class _Planner:
     def arena(self, pack: int) -> int | None:
         """The dedicated buffer of a param arena (shared with the param store), or of any
         arena without reuse; None for an arena of the pool."""
-        kind = _arena_kind(self.graph, self.graph[pack], set(self.grad_of))
-        if kind != "param_arena" and self.reuse:
-            return None
         if pack not in self.arena_of:
-            buf = self.new_buffer(kind, "params" if kind == "param_arena" else "", False)
+            kind = _arena_kind(self.graph, self.graph[pack], set(self.grad_of))
+            buf = None
+            if kind == "param_arena" or not self.reuse:
+                buf = self.new_buffer(kind, "params" if kind == "param_arena" else "", False)
+                self.sizes[buf] = self.graph[pack].buffer_bytes
             self.arena_of[pack] = buf
-            self.sizes[buf] = self.graph[pack].buffer_bytes
         return self.arena_of[pack]
 
     def buffer_for(self, node: Node) -> int | None:
