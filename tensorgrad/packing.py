@@ -11,14 +11,14 @@ buffer both read-only and writable, whatever the ranges.
 
 How: the blocks are first coloured, conflicting blocks apart, each block (the largest, or
 the largest in size times lifetime, first) taking the colour whose peak (the most bytes
-alive at one step) it raises least; then each
-colour's blocks are packed on their own, in the manner of TFLite's "greedy by size" arena
-planner and XLA's heap simulator: largest first, each at the tightest gap that fits among the
-blocks already placed whose lifetimes overlap its own (else above them), in the buffer that
-grows least, else in a new one. A few colour counts and both orders are tried and the smallest total kept (the first that reaches the most bytes alive
-at one step, which no packing can beat): the colouring is what costs memory (the most bytes
-alive at one step, summed over colours, can exceed that of all blocks), and no one count or
-order is best for every graph.
+alive at one step) it raises least; then each colour's blocks are packed on their own, in
+the manner of TFLite's "greedy by size" arena planner and XLA's heap simulator: largest
+first, each at the tightest gap that fits among the blocks already placed whose lifetimes
+overlap its own (else above them), in the buffer that grows least, else in a new one. A few
+colour counts and both orders are tried and the smallest total kept (the first that reaches
+the most bytes alive at one step, which no packing can beat): the colouring is what costs
+memory (the most bytes alive at one step, summed over colours, can exceed that of all
+blocks), and no one count or order is best for every graph.
 """
 
 from __future__ import annotations
