@@ -1,13 +1,17 @@
-"""Buffer planning: one GPU buffer per node, with intermediates reused by liveness.
+"""Buffer planning: where each node's bytes lie, in a few GPU buffers.
 
-Every node maps to a buffer. Leaves (params, inputs, state), param gradients, graph outputs,
-captures and writeback sources get a dedicated buffer that lives as long as the runtime.
-Other nodes (intermediates) share pooled buffers: walking the nodes in order, an op's output
-is allocated first (the smallest free buffer that fits; else the largest free buffer grows to
-fit; else a new one), and only then are the inputs whose last reader it is released, so a
-kernel never binds one buffer as both an input and its output. An intermediate nobody reads
-is released at once. Every buffer holds at least 4 bytes and a multiple of 4 (dtypes take 4
-bytes per element, bool stored as u32, but f16, which takes 2).
+Leaves (params, inputs, state), graph outputs and captures get a dedicated buffer that lives
+as long as the runtime, the f32 params one arena shared with the param store. Every other
+node goes to the pool: a node is a block of bytes alive from its own step to the last step
+that reads it (a view reads its source's bytes; a pack's arena is one block with the tensors
+it holds), and gradients and writeback sources, which are read after the step or copied at
+its end, stay alive past the last step (until the next run writes them again). The blocks
+are packed at byte offsets into as few buffers as the device's max_buffer_size allows
+(:mod:`tensorgrad.packing`): blocks alive at the same step never share bytes, every offset
+is a multiple of 256 (min_storage_buffer_offset_alignment), and a kernel's output never lies
+in the buffer of one of its inputs (WebGPU forbids binding one buffer both read-only and
+writable in a dispatch). Every node takes at least 4 bytes and a multiple of 4 (dtypes take
+4 bytes per element, bool stored as u32, but f16, which takes 2).
 
 Tensors larger than the device's ``max_storage_buffer_binding_size`` (or ``max_buffer_size``)
 fail here, naming the tensor: WebGPU would otherwise report them asynchronously and the step
@@ -24,10 +28,14 @@ from typing import Protocol
 from .errors import DeviceLimitError, PlanError
 from .gpu.interface import DeviceLimits
 from .ir import LEAF_OPS, DType, Graph, Node, Shape
+from .packing import Block, Packing, pack_blocks
 
 BUFFER_KINDS = ("param", "param_grad", "input", "state", "intermediate", "output", "capture",
-                "param_arena", "grad_arena", "arena")
+                "param_arena", "grad_arena", "arena", "zeros")
 _LEAF_KIND = {"param": "param", "input": "input", "state": "state"}
+OFFSET_ALIGN = 256
+"""Bytes: where a block of the pool may start (WebGPU's min_storage_buffer_offset_alignment,
+256 by default and at most)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,19 @@ class ResolvedWriteback:
     dst_offset: int = 0
 
 
+@dataclass(frozen=True)
+class ZeroFill:
+    """Copy `size` zero bytes into buffer `dst` at byte `offset` once the nodes before node
+    `at` have run: the padding between the tensors of a pack in the pool, which the readers
+    of the whole arena (the optimizer's norms and updates) read as zeros (a dedicated buffer
+    is created zeroed; the pool holds what earlier tensors left)."""
+
+    at: int
+    dst: int
+    offset: int
+    size: int
+
+
 @dataclass
 class BufferPlan:
     """Buffers, the buffer of each node, the named buffers and the writeback copies.
@@ -81,6 +102,9 @@ class BufferPlan:
     views: dict[int, int] = field(default_factory=dict)  # view node -> the node it reads
     packed: frozenset[int] = frozenset()  # pack nodes: their inputs sit in their buffer
     node_offset: list[int] = field(default_factory=list)  # byte offset in node_buffer's
+    persistent: frozenset[int] = frozenset()  # pooled nodes whose bytes outlive the step
+    zero_fills: list[ZeroFill] = field(default_factory=list)
+    zeros: int = -1  # the buffer of zeros the fills copy from (-1: none)
     peak_bytes: int = 0
     unpooled_bytes: int = 0
 
@@ -238,24 +262,28 @@ def _check_args(graph: Graph, grads: Mapping[str, int],
 
 
 class _Planner:
-    """The buffers of one graph as they are assigned, node by node in graph order (see the
-    module docstring): dedicated buffers for the special nodes, arenas for packs and what
-    they hold, the pooled intermediates reused by liveness."""
+    """The buffers of one graph as they are assigned (see the module docstring): dedicated
+    buffers for the special nodes and the param arena, then the blocks of the pool (a pooled
+    node, or an arena with what it holds) packed at offsets into a few buffers."""
 
-    def __init__(self, graph: Graph, grads: Mapping[str, int], writebacks: Iterable[
+    def __init__(self, graph: Graph, grads: Mapping[str, int], writebacks: Sequence[
             tuple[int | str, ...]], layout_ops: Mapping[str, LayoutOp], limits: DeviceLimits,
             reuse: bool) -> None:
-        self.graph, self.reuse = graph, reuse
+        self.graph, self.reuse, self.limits = graph, reuse, limits
         self.grad_of = {gid: name for name, gid in grads.items()}
         self.output_ids = set(graph.outputs)
         self.capture_of = {nid: name for name, nid in graph.captures.items()}
         self.sources = {int(wb[0]) for wb in writebacks}
+        self.copies = [(int(wb[0]), wb[1]) for wb in writebacks if wb[2] == "node"]
         special = {*self.grad_of, *self.output_ids, *self.capture_of, *self.sources}
         self.views = _views(graph, layout_ops, special)
         self.placed = _placements(graph, layout_ops, self.views)
         self.packs = {p for p, _ in self.placed.values()}
         check_limits(graph, limits, no_kernel={*self.views, *self.packs})
         self.last = _extend_lifetimes(_last_use(graph), self.views)
+        # Outliving the step: read after it (gradients) or copied at its end (writebacks).
+        self.persistent = {*self.grad_of, *self.sources,
+                           *(int(d) for _, d in self.copies if isinstance(d, int))}
         self.sizes: list[int] = []
         self.kinds: list[str] = []
         self.names: list[str] = []
@@ -263,8 +291,11 @@ class _Planner:
         self.occupants: list[list[int]] = []
         self.node_buffer = [-1] * len(graph.nodes)
         self.node_offset = [0] * len(graph.nodes)
-        self.arena_of: dict[int, int] = {}  # pack node -> its buffer
-        self.free: list[int] = []
+        self.arena_of: dict[int, int | None] = {}  # pack node -> its dedicated buffer
+        self.block_of: dict[int, int] = {}  # pooled node -> its block
+        self.members: list[list[int]] = []  # the nodes of each block
+        self.fills: list[ZeroFill] = []
+        self.zeros = -1
 
     def new_buffer(self, kind: str, name: str, is_pooled: bool) -> int:
         self.sizes.append(0)
@@ -274,28 +305,21 @@ class _Planner:
         self.occupants.append([])
         return len(self.sizes) - 1
 
-    def arena(self, pack: int) -> int:
+    def arena(self, pack: int) -> int | None:
+        """The dedicated buffer of a param arena (shared with the param store), or of any
+        arena without reuse; None for an arena of the pool."""
         if pack not in self.arena_of:
             kind = _arena_kind(self.graph, self.graph[pack], set(self.grad_of))
-            buf = self.new_buffer(kind, "params" if kind == "param_arena" else "", False)
+            buf = None
+            if kind == "param_arena" or not self.reuse:
+                buf = self.new_buffer(kind, "params" if kind == "param_arena" else "", False)
+                self.sizes[buf] = self.graph[pack].buffer_bytes
             self.arena_of[pack] = buf
-            self.sizes[buf] = self.graph[pack].buffer_bytes
         return self.arena_of[pack]
 
-    def take_free(self, need: int) -> int | None:
-        sizes, free = self.sizes, self.free
-        fits = [b for b in free if sizes[b] >= need]
-        if fits:
-            best = min(fits, key=lambda b: (sizes[b], b))
-        elif free:
-            best = max(free, key=lambda b: (sizes[b], -b))  # grows to fit below
-        else:
-            return None
-        free.remove(best)
-        return best
-
-    def buffer_for(self, node: Node) -> int:
-        """The buffer node's output goes to (its offset set where it is not 0)."""
+    def buffer_for(self, node: Node) -> int | None:
+        """The dedicated buffer of node's output (its offset set where it is not 0), or None
+        for a node of the pool."""
         if node.id in self.placed:  # in its pack's buffer, at its offset
             pack, offset = self.placed[node.id]
             self.node_offset[node.id] = offset
@@ -304,34 +328,107 @@ class _Planner:
             return self.arena(node.id)
         if node.op in LEAF_OPS:
             return self.new_buffer(_LEAF_KIND[node.op], node.attrs["name"], False)
-        if node.id in self.grad_of:
+        if node.id in self.grad_of and not self.reuse:
             return self.new_buffer("param_grad", self.grad_of[node.id], False)
         if node.id in self.output_ids:
             return self.new_buffer("output", "", False)
         if node.id in self.capture_of:
             return self.new_buffer("capture", self.capture_of[node.id], False)
-        if node.id in self.sources:
+        if node.id in self.sources and not self.reuse:
             return self.new_buffer("intermediate", "", False)
-        taken = self.take_free(node.buffer_bytes) if self.reuse else None
-        return taken if taken is not None else self.new_buffer("intermediate", "", True)
+        return None
 
     def place(self, node: Node) -> None:
-        """Assign node's buffer, then release the pooled inputs it reads last (after
-        allocating, so the output never shares a buffer with an input)."""
-        if node.id in self.views:  # its source's buffer, which lives as long as the view
-            src, offset = self.views[node.id]
-            self.node_buffer[node.id] = self.node_buffer[src]
-            self.node_offset[node.id] = self.node_offset[src] + offset
+        """Assign node's dedicated buffer, or its block of the pool (views: later, with
+        their source's)."""
+        if node.id in self.views:
             return
         buf = self.buffer_for(node)
+        if buf is None:
+            pack = self.placed[node.id][0] if node.id in self.placed else node.id
+            if pack not in self.block_of:
+                self.block_of[pack] = len(self.members)
+                self.members.append([])
+            self.block_of[node.id] = self.block_of[pack]
+            self.members[self.block_of[pack]].append(node.id)
+            return
         self.sizes[buf] = max(self.sizes[buf], self.node_offset[node.id] + node.buffer_bytes)
         self.occupants[buf].append(node.id)
         self.node_buffer[node.id] = buf
-        for i in dict.fromkeys(self.views.get(i, (i, 0))[0] for i in node.inputs):
-            if self.pooled[self.node_buffer[i]] and self.last[i] == node.id:
-                self.free.append(self.node_buffer[i])
-        if self.pooled[buf] and self.last[node.id] < 0:
-            self.free.append(buf)
+
+    def blocks(self) -> list[Block]:
+        """Each block's size and lifetime: from its first node's step to the last step that
+        reads one of them (a view's reads count for its source), or past the last step for
+        a block that outlives the step."""
+        end = len(self.graph.nodes)
+        out = []
+        for members in self.members:
+            pack = max(members)  # an arena's pack node comes after what it holds
+            size = (self.graph[pack].buffer_bytes if pack in self.packs else
+                    self.graph[members[0]].buffer_bytes)
+            last = max(end if i in self.persistent else max(i, self.last[i]) for i in members)
+            out.append(Block(size, min(members), last))
+        return out
+
+    def conflicts(self) -> set[tuple[int, int]]:
+        """Pairs of blocks a kernel reads one of and writes the other (or a writeback copies
+        between): they must lie in different buffers."""
+        pairs: set[tuple[int, int]] = set()
+        edges = [(i, n.id) for n in self.graph.nodes if n.op not in LEAF_OPS
+                 and n.id not in self.views and n.id not in self.packs for i in n.inputs]
+        edges += [(src, int(dst)) for src, dst in self.copies if isinstance(dst, int)]
+        for i, out in edges:
+            a = self.block_of.get(self.views.get(i, (i, 0))[0])
+            b = self.block_of.get(out)
+            if a is None or b is None:
+                continue
+            if a == b:
+                raise PlanError(f"%{out} ({self.graph[out].op}) would read and write the "
+                                f"arena that holds %{i}")
+            pairs.add((min(a, b), max(a, b)))
+        return pairs
+
+    def pack_pool(self) -> None:
+        """Pack the blocks into the pool's buffers (without reuse: one buffer each) and
+        put each pooled node, then each view, at its byte offset."""
+        blocks = self.blocks()
+        if self.reuse:
+            cap = self.limits.max_buffer_size - self.limits.max_buffer_size % 4
+            packing = pack_blocks(blocks, sorted(self.conflicts()), cap, OFFSET_ALIGN)
+        else:
+            packing = Packing(tuple(range(len(blocks))), (0,) * len(blocks),
+                              tuple(b.size for b in blocks))
+        heaps = [self.new_buffer("intermediate", "", True) for _ in packing.sizes]
+        for buf, size in zip(heaps, packing.sizes):
+            self.sizes[buf] = size
+        for k, members in enumerate(self.members):
+            buf = heaps[packing.heap[k]]
+            for i in members:
+                self.node_buffer[i] = buf
+                self.node_offset[i] += packing.offset[k]
+                self.occupants[buf].append(i)
+        for buf in heaps:
+            self.occupants[buf].sort()
+        for view, (src, offset) in self.views.items():
+            self.node_buffer[view] = self.node_buffer[src]
+            self.node_offset[view] = self.node_offset[src] + offset
+        self.fills = [fill for p in sorted(self.packs) if p in self.block_of
+                      for fill in self.padding(p)]
+        if self.fills:
+            self.zeros = self.new_buffer("zeros", "", False)
+            self.sizes[self.zeros] = max(f.size for f in self.fills)
+
+    def padding(self, pack: int) -> list[ZeroFill]:
+        """The fills of the bytes of pooled `pack` that none of its tensors covers."""
+        base, buf = self.node_offset[pack], self.node_buffer[pack]
+        fills, low = [], base
+        for lo, hi in sorted((self.node_offset[x], self.node_offset[x] + self.graph[x].buffer_bytes)
+                             for x in self.graph[pack].inputs):
+            if lo > low:
+                fills.append(ZeroFill(pack, buf, low, lo - low))
+            low = max(low, hi)
+        end = base + self.graph[pack].buffer_bytes
+        return fills + ([ZeroFill(pack, buf, low, end - low)] if end > low else [])
 
     def plan(self, grads: Mapping[str, int]) -> BufferPlan:
         """The plan once every node is placed (writebacks not resolved yet)."""
@@ -339,7 +436,8 @@ class _Planner:
         buffers = [BufferSpec(b, self.kinds[b], self.sizes[b], graph[occ[0]].dtype,
                               graph[occ[0]].shape, tuple(occ), self.names[b],
                               float(graph[occ[0]].attrs.get("init", 0.0))
-                              if self.kinds[b] == "state" else 0.0, self.pooled[b])
+                              if self.kinds[b] == "state" else 0.0, self.pooled[b]) if occ else
+                   BufferSpec(b, self.kinds[b], self.sizes[b], "f32", (self.sizes[b] // 4,), ())
                    for b, occ in enumerate(self.occupants)]
         return BufferPlan(
             buffers, nb,
@@ -351,6 +449,8 @@ class _Planner:
             captures={n: nb[i] for n, i in graph.captures.items()},
             views={v: src for v, (src, _) in self.views.items()},
             packed=frozenset(self.packs), node_offset=self.node_offset,
+            persistent=frozenset(i for i in self.persistent if i in self.block_of),
+            zero_fills=self.fills, zeros=self.zeros,
             peak_bytes=sum(self.sizes),
             unpooled_bytes=sum(n.buffer_bytes for n in graph.nodes
                                if n.id not in self.views and n.id not in self.placed))
@@ -363,9 +463,10 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
     """Plan the buffers of `graph`. `grads` maps param names to gradient node ids;
     `writebacks` holds ``(source node id, dest leaf name, 'param' | 'state')`` or
     ``(source node id, dest node id, 'node', byte offset)``. `reuse=False` gives every
-    intermediate its own buffer (for debugging and tests). `layout_ops` (op name → op, the
-    op table's views and packs) lets views share their input's buffer and packs hold their
-    inputs, with no kernel: the plan's `views` and `packed`."""
+    intermediate, gradient and writeback source its own buffer (for debugging and tests).
+    `layout_ops` (op name → op, the op table's views and packs) lets views share their
+    input's buffer and packs hold their inputs, with no kernel: the plan's `views` and
+    `packed`."""
     grads = dict(grads or {})
     wbs = [tuple(wb) for wb in writebacks]
     _check_args(graph, grads, wbs)
@@ -373,6 +474,7 @@ def plan_buffers(graph: Graph, *, grads: Mapping[str, int] | None = None,
                        reuse)
     for node in graph.nodes:
         planner.place(node)
+    planner.pack_pool()
     plan = planner.plan(grads)
     plan.writebacks = [_resolve_writeback(graph, plan, wb) for wb in wbs]
     check_plan(graph, plan)
@@ -417,27 +519,58 @@ def _resolve_writeback(graph: Graph, plan: BufferPlan, wb: tuple[int | str, ...]
 ARENA_KINDS = ("param_arena", "grad_arena", "arena")
 
 
+def _groups(graph: Graph, plan: BufferPlan, buf: BufferSpec, last: Sequence[int]
+            ) -> list[tuple[int, int, int, int, int]]:
+    """(first step, last step, first byte, end byte, node) of each block of a pooled buffer:
+    a node, or a pack with the nodes it holds (from the first one's step on)."""
+    pack_of = {x: p for p in plan.packed for x in graph[p].inputs}
+    end = len(graph.nodes)
+    spans: dict[int, list[int]] = {}
+    for i in buf.nodes:
+        key = pack_of.get(i, i)
+        alive = end if i in plan.persistent else max(i, last[i])
+        span = spans.setdefault(key, [i, alive])
+        span[0], span[1] = min(span[0], i), max(span[1], alive)
+    return [(s, e, plan.node_offset[k], plan.node_offset[k] + graph[k].buffer_bytes, k)
+            for k, (s, e) in spans.items()]
+
+
+def _check_pool(graph: Graph, plan: BufferPlan, buf: BufferSpec, last: Sequence[int]) -> None:
+    """PlanError where two blocks of pooled buffer `buf` share bytes while both are alive,
+    or a block starts at an unaligned offset."""
+    alive: list[tuple[int, int, int, int, int]] = []
+    for group in sorted(_groups(graph, plan, buf, last)):
+        start, _, lo, hi, k = group
+        if lo % OFFSET_ALIGN:
+            raise PlanError(f"buffer #{buf.id}: %{k} starts at byte {lo}, not a multiple of "
+                            f"{OFFSET_ALIGN}")
+        alive = [a for a in alive if a[1] >= start]
+        for _, end, a_lo, a_hi, a in alive:
+            if lo < a_hi and a_lo < hi:
+                raise PlanError(f"lifetime overlap in buffer #{buf.id}: %{k} (bytes {lo} to "
+                                f"{hi}) is written while %{a} (bytes {a_lo} to {a_hi}) is "
+                                f"still alive (until step {end})")
+        alive.append(group)
+
+
 def check_plan(graph: Graph, plan: BufferPlan) -> None:
-    """Self-check: occupants of one pooled buffer never overlap in time (a source living as
-    long as its views), an arena's occupants never overlap in space, no kernel binds its
-    output buffer as an input, and every buffer is large enough for its occupants."""
+    """Self-check: blocks of a pooled buffer alive at the same step never share bytes (a
+    source living as long as its views, a gradient or writeback source past the step), the
+    tensors of an arena never overlap, no kernel binds its output's buffer as an input, and
+    every buffer is large enough for its occupants."""
     last = _extend_lifetimes(_last_use(graph), {v: (s, 0) for v, s in plan.views.items()})
+    for p in plan.packed:
+        spans = sorted((plan.node_offset[i], plan.node_offset[i] + graph[i].nbytes, i)
+                       for i in graph[p].inputs)
+        for (_, end, a), (start, _, b) in pairwise(spans):
+            if start < end:
+                raise PlanError(f"arena %{p}: %{a} and %{b} overlap")
     for buf in plan.buffers:
-        occ = sorted(buf.nodes)
-        if buf.kind in ARENA_KINDS:
-            spans = sorted((plan.node_offset[i], plan.node_offset[i] + graph[i].nbytes, i)
-                           for i in occ if i not in plan.packed)
-            for (_, end, a), (start, _, b) in pairwise(spans):
-                if start < end:
-                    raise PlanError(f"arena #{buf.id}: %{a} and %{b} overlap")
-        elif len(occ) > 1 and not buf.pooled:
-            raise PlanError(f"dedicated buffer #{buf.id} holds several nodes {occ}")
-        for a, b in pairwise(occ if buf.pooled else ()):
-            end = last[a] if last[a] >= 0 else a
-            if b <= end:
-                raise PlanError(f"lifetime overlap in buffer #{buf.id}: %{b} is written "
-                                f"while %{a} is still read (last by %{end})")
-        for i in occ:
+        if buf.pooled:
+            _check_pool(graph, plan, buf, last)
+        elif len(buf.nodes) > 1 and buf.kind not in ARENA_KINDS:
+            raise PlanError(f"dedicated buffer #{buf.id} holds several nodes {list(buf.nodes)}")
+        for i in buf.nodes:
             if plan.node_offset[i] + graph[i].buffer_bytes > buf.size:
                 raise PlanError(f"buffer #{buf.id} ({buf.size} B) is too small for %{i}")
     for node in graph.nodes:
@@ -448,5 +581,5 @@ def check_plan(graph: Graph, plan: BufferPlan) -> None:
             raise PlanError(f"%{node.id} ({node.op}) would read and write buffer #{out}")
 
 
-__all__ = ["ARENA_KINDS", "BUFFER_KINDS", "BufferPlan", "BufferSpec",
-           "ResolvedWriteback", "check_bytes", "check_limits", "check_plan", "plan_buffers"]
+__all__ = ["ARENA_KINDS", "BUFFER_KINDS", "BufferPlan", "BufferSpec", "ResolvedWriteback",
+           "ZeroFill", "check_bytes", "check_limits", "check_plan", "plan_buffers"]

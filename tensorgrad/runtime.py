@@ -409,12 +409,24 @@ def kernel_sources(dispatched: Sequence[Dispatched]) -> list[tuple[str, str]]:
 def _program_steps(graph: Graph, plan: BufferPlan, buffers: Sequence[Binding],
                    dispatched: Sequence[Dispatched], made: Sequence[KernelHandle]
                    ) -> list[Dispatch | Copy]:
-    """The dispatches (with their pipelines `made`) then the writeback copies of a step."""
+    """The dispatches (with their pipelines `made`), each zero fill of the plan before the
+    first dispatch of a later node, then the writeback copies of a step."""
     steps: list[Dispatch | Copy] = []
+    fills = sorted(plan.zero_fills, key=lambda f: f.at)
+
+    def fill_until(node_id: int) -> None:
+        while fills and fills[0].at < node_id:
+            f = fills.pop(0)
+            dst, base, _ = split_slice(buffers[f.dst])
+            zeros, zero_base, _ = split_slice(buffers[plan.zeros])
+            steps.append(Copy(zeros, dst, f.size, zero_base, base + f.offset))
+
     for (node, kernel, label), pipeline in zip(dispatched, made):
+        fill_until(node.id)
         binds = tuple(binding(buffers, plan, graph, i) for i in (*node.inputs, node.id))
         steps.append(Dispatch(pipeline, binds, dispatch_size(kernel.threads,
                                                              kernel.workgroup_size), label))
+    fill_until(len(graph.nodes))
     for wb in plan.writebacks:
         src, src_base, _ = split_slice(buffers[wb.src])
         dst, dst_base, _ = split_slice(buffers[wb.dst])
