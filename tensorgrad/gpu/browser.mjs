@@ -1,7 +1,8 @@
 // tensorgrad's browser GPU adapter, the JS half of tensorgrad/gpu/browser.py (shipped in the
 // wheel, imported once per interpreter). Every Python→JS crossing costs far more than a WebGPU
 // call made from here, so the per-step work lives in this module: createProgram() makes a
-// step's bind groups and chunks once, execute() runs a whole step in one call.
+// step's bind groups and chunks once, execute() runs a whole step in one call (submit() and
+// its readback: the same in two parts).
 
 const USAGE = () => GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
 const align4 = (n) => (n + 3) & ~3;
@@ -213,6 +214,13 @@ function checkErrors(errors, what) {
 
 // args: [writeBuffers, writeOffsets, writeSizes, blob (Uint8Array), reads (flat triples)]
 export async function execute(state, program, args) {
+  return (await submit(state, program, args)).readback;
+}
+
+// execute() in two parts: resolves once the step is written and submitted, to
+// {readback: a promise of the reads' bytes}. What the queue gets after it runs after the
+// step, so the next step can be submitted while this one's readback is on its way.
+export async function submit(state, program, args) {
   if (state.lost) throw lostError(state);
   if (!program.checked) {
     checkErrors([await program.error], "create_program");
@@ -248,6 +256,12 @@ export async function execute(state, program, args) {
   // error scopes are awaited: their answers and the map's come in one wait.
   const mapping = pending ? pending[0].mapAsync(GPUMapMode.READ, 0, pending[1]) : null;
   mapping?.catch(() => {});
+  const readback = finish(state, pending, mapping, previous, scopes);
+  readback.catch(() => {});  // handled: the caller awaits it
+  return { readback };
+}
+
+async function finish(state, pending, mapping, previous, scopes) {
   if (previous) await previous;
   try {
     checkErrors(await Promise.all(scopes), "execute");

@@ -11,7 +11,7 @@ count. ``ffi_calls`` counts every crossing the adapter makes, for tests and benc
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
@@ -52,7 +52,7 @@ _LIMITS = {
 
 
 _JS_FUNCTIONS = ("createBuffer", "writeBuffer", "createKernel", "createKernels", "startKernels",
-                 "createProgram", "destroyProgram", "execute", "readBuffers", "destroy",
+                 "createProgram", "destroyProgram", "execute", "submit", "readBuffers", "destroy",
                  "lostReason")
 _helper: Any = None
 
@@ -255,6 +255,28 @@ class BrowserDevice:
                       reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
         """Write inputs, run the program's chunks (two in flight at most), read back: four FFI
         calls whatever the number of kernels, writes and reads."""
+        args = await self._step_args(writes, reads)
+        out = await self._await(self._call("execute", cast(BrowserProgram, program).plan, args))
+        return self._split(out, reads)
+
+    async def submit(self, program: ProgramHandle, writes: Sequence[tuple[Binding, HostBytes]],
+                     reads: Sequence[tuple[Binding, int]]
+                     ) -> Coroutine[Any, Any, list[memoryview]]:
+        """:meth:`execute` in two parts: returns once the step is submitted, with a coroutine
+        of its reads (one FFI call more than execute)."""
+        args = await self._step_args(writes, reads)
+        job = await self._await(self._call("submit", cast(BrowserProgram, program).plan, args))
+        return self._readback(job, reads)
+
+    async def _readback(self, job: Any, reads: Sequence[tuple[Binding, int]]
+                        ) -> list[memoryview]:
+        self.ffi_calls += 1  # the attribute read
+        out = await self._await(job.readback)
+        return self._split(out, reads)
+
+    async def _step_args(self, writes: Sequence[tuple[Binding, HostBytes]],
+                         reads: Sequence[tuple[Binding, int]]) -> Any:
+        """The JS arguments of a step: the writes as one blob, the reads flat."""
         if self._unchecked:
             await self.check_kernels()
         blob = bytearray()
@@ -266,9 +288,7 @@ class BrowserDevice:
             handles.append(handle)
             offsets.append(offset)
             sizes.append(view.nbytes)
-        args = self._to_js([handles, offsets, sizes, memoryview(blob), _flat_reads(reads)])
-        out = await self._await(self._call("execute", cast(BrowserProgram, program).plan, args))
-        return self._split(out, reads)
+        return self._to_js([handles, offsets, sizes, memoryview(blob), _flat_reads(reads)])
 
     async def read_buffers(self, reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
         """Read `(buffer, nbytes)` pairs back: one submission, one map."""
