@@ -214,28 +214,80 @@ function checkErrors(errors, what) {
 
 // args: [writeBuffers, writeOffsets, writeSizes, blob (Uint8Array), reads (flat triples)]
 export async function execute(state, program, args) {
-  return (await submit(state, program, args)).readback;
+  const job = submit(state, program, args);
+  await job.ready;
+  return job.readback;
 }
 
-// execute() in two parts: resolves once the step is written and submitted, to
-// {readback: a promise of the reads' bytes}. What the queue gets after it runs after the
-// step, so the next step can be submitted while this one's readback is on its way.
-export async function submit(state, program, args) {
+// execute() in two parts: {ready, readback}. `ready` is undefined (Python's None) when the
+// step is already written and submitted (a one-chunk program: no wait needed, no promise to
+// await), else a promise of its submission; `readback` then holds a promise of the reads'
+// bytes. What the queue gets after the submission runs after the step, so the next step can
+// be submitted while this one's readback is on its way.
+export function submit(state, program, args) {
   if (state.lost) throw lostError(state);
-  if (!program.checked) {
-    checkErrors([await program.error], "create_program");
-    program.checked = true;
+  if (program.checked && program.chunks.length <= 1) {
+    return { ready: undefined, readback: submitChunks(state, program, args).readback };
   }
-  const [writeBuffers, writeOffsets, writeSizes, blob, reads] = args;
+  const job = { ready: undefined, readback: undefined };
+  job.ready = (async () => {
+    if (!program.checked) {
+      checkErrors([await program.error], "create_program");
+      program.checked = true;
+    }
+    job.readback = (await submitChunks(state, program, args)).readback;
+  })();
+  return job;
+}
+
+// Write the inputs and submit the chunks (waiting between them for a program of more than
+// one chunk: then it returns a promise); {readback}.
+function submitChunks(state, program, args) {
+  if (program.chunks.length <= 1) return submitOne(state, program, args);
+  return submitMany(state, program, args);
+}
+
+function submitOne(state, program, args) {
+  const device = state.device;
+  const scopes = [writeInputs(state, args)];
+  device.pushErrorScope("validation");
+  const encoder = device.createCommandEncoder();
+  encode(encoder, program.chunks[0] ?? []);
+  const pending = encodeReads(state, encoder, args[4]);
+  device.queue.submit([encoder.finish()]);
+  scopes.push(device.popErrorScope());
+  const done = pending ? null : device.queue.onSubmittedWorkDone();
+  return { readback: readAfter(state, pending, done, scopes) };
+}
+
+// Write the inputs of args; the promise of their validation errors.
+function writeInputs(state, args) {
+  const [writeBuffers, writeOffsets, writeSizes, blob] = args;
   const device = state.device, queue = device.queue;
-  const scopes = [];
   device.pushErrorScope("validation");
   let offset = 0;
   for (let i = 0; i < writeBuffers.length; i++) {
     queue.writeBuffer(writeBuffers[i], writeOffsets[i], blob, offset, writeSizes[i]);
     offset += writeSizes[i];
   }
-  scopes.push(device.popErrorScope());
+  return device.popErrorScope();
+}
+
+// The readback of a submitted step: its reads mapped at once (the map resolves when the last
+// chunk is done), before the error scopes are awaited: their answers and the map's come in
+// one wait.
+function readAfter(state, pending, previous, scopes) {
+  const mapping = pending ? pending[0].mapAsync(GPUMapMode.READ, 0, pending[1]) : null;
+  mapping?.catch(() => {});
+  const readback = finish(state, pending, mapping, previous, scopes);
+  readback.catch(() => {});  // handled: the caller awaits it
+  return readback;
+}
+
+async function submitMany(state, program, args) {
+  const reads = args[4];
+  const device = state.device, queue = device.queue;
+  const scopes = [writeInputs(state, args)];
   let previous = null, pending = null;
   const chunks = program.chunks;
   for (let c = 0; c < chunks.length; c++) {
@@ -252,13 +304,7 @@ export async function submit(state, program, args) {
     if (previous) await previous;
     previous = done;
   }
-  // The map is asked for at once (it resolves when the last chunk is done), before the
-  // error scopes are awaited: their answers and the map's come in one wait.
-  const mapping = pending ? pending[0].mapAsync(GPUMapMode.READ, 0, pending[1]) : null;
-  mapping?.catch(() => {});
-  const readback = finish(state, pending, mapping, previous, scopes);
-  readback.catch(() => {});  // handled: the caller awaits it
-  return { readback };
+  return { readback: readAfter(state, pending, previous, scopes) };
 }
 
 async function finish(state, pending, mapping, previous, scopes) {

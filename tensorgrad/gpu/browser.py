@@ -11,7 +11,7 @@ count. ``ffi_calls`` counts every crossing the adapter makes, for tests and benc
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
@@ -112,6 +112,17 @@ class BrowserDevice:
 
         self.ffi_calls += 1
         return to_js(value, create_pyproxies=False)
+
+    def _lost_mapped(self, call: Callable[[], Any]) -> Any:
+        """`call()`; the helper's DeviceLostError (thrown at once) becomes tensorgrad's."""
+        from pyodide.ffi import JsException
+
+        try:
+            return call()
+        except JsException as exc:
+            if str(getattr(exc, "name", "")) != "DeviceLostError":
+                raise
+            raise DeviceLostError(str(exc.message)) from None
 
     async def _await(self, promise: Any) -> Any:
         """Await a JS promise; the helper's DeviceLostError becomes tensorgrad's."""
@@ -263,9 +274,14 @@ class BrowserDevice:
                      reads: Sequence[tuple[Binding, int]]
                      ) -> Coroutine[Any, Any, list[memoryview]]:
         """:meth:`execute` in two parts: returns once the step is submitted, with a coroutine
-        of its reads (one FFI call more than execute)."""
+        of its reads (a one-chunk step is submitted in the call itself, no promise awaited)."""
         args = await self._step_args(writes, reads)
-        job = await self._await(self._call("submit", cast(BrowserProgram, program).plan, args))
+        job = self._lost_mapped(lambda: self._call("submit", cast(BrowserProgram, program).plan,
+                                                   args))
+        self.ffi_calls += 1  # the attribute read
+        ready = job.ready
+        if ready is not None:  # more than one chunk (or a first run): submitted in JS time
+            await self._await(ready)
         return self._readback(job, reads)
 
     async def _readback(self, job: Any, reads: Sequence[tuple[Binding, int]]
