@@ -242,14 +242,6 @@ class _Call(asyncio.Task):  # type: ignore[type-arg]
         return super().cancel(msg)
 
 
-def run_to_end(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-    """A task of `coro` in the running loop that refuses ``cancel()`` (it runs to its end,
-    like a call that has its turn): the bookkeeping of work already on the GPU."""
-    task = _Call(coro, loop=asyncio.get_running_loop())
-    task.running = True
-    return task
-
-
 def _consume(call: asyncio.Future[Any]) -> None:
     """Retrieve the outcome of a call nobody awaits any more (no "never retrieved" log)."""
     if not call.cancelled():

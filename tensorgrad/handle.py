@@ -181,13 +181,15 @@ class Handle:
             if self._queue.settle is not None:
                 await self._queue.settle()
             return self._guard(lambda: _raise(error), generation)
-        return self._guard(lambda: rest, generation)
+        return self._guard(lambda: rest, generation, started=True)
 
-    async def _guard(self, call: Callable[[], Awaitable[Result]], generation: int) -> Result:
+    async def _guard(self, call: Callable[[], Awaitable[Result]], generation: int,
+                     started: bool = False) -> Result:
         """Run `call`; Aborted if the graph was replaced/destroyed since `generation` (the
-        generation when step/run was called, not when the coroutine first ran)."""
+        generation when step/run was called, not when the coroutine first ran). `started`:
+        the call is under way (the rest of a staged call), it runs to its end in any case."""
         try:
-            if self._destroyed or generation != self._generation:
+            if not started and (self._destroyed or generation != self._generation):
                 raise AbortError("destroyed or replaced")
             result = await call()
         except AbortError:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from . import describe
 from .compiler import Request, compile_graph
 from .errors import AbortError
-from .flight import CallQueue, run_to_end
+from .flight import CallQueue
 from .forward import Forward
 from .gpu import GPUDevice
 from .handle import Handle, Shapes, non_finite_input, scalar
@@ -78,7 +78,6 @@ class Training(Handle):
         # one assumes: every step before it applied (see _step).
         self._flight: deque[_InFlight] = deque()
         self._flight_lock = threading.Lock()
-        self._collector: asyncio.Task[None] | None = None
         self._submitting = CallQueue()  # one submission at a time (steps, resubmissions)
         self._next_t = 0
         self._next_scaler: LossScaler | None = None
@@ -210,15 +209,15 @@ class Training(Handle):
         return self._call_staged("step", inputs, self._step)
 
     # A step gives its turn up once submitted (the queue's staged call): the next step's
-    # writes and dispatches queue behind it on the GPU while its readback is on its way, and
-    # the collector task finishes the steps in flight in order. A step submitted while
-    # others are in flight is speculative: its host scalars (the step counter t, the loss
-    # scale) assume they were all applied, and the step guard skips it on the GPU when the
-    # step before it was skipped (the chain flag, update.STEP_CHAIN). When the collector
-    # learns that a step was skipped, it explains that step (after running it again, forced
-    # to skip, when later steps overwrote its gradients) and submits the steps after it
-    # again with the right scalars, the same data and PRNG seed: the results are those of
-    # steps awaited one by one, bit for bit. Other calls settle the flight first.
+    # writes and dispatches queue behind it on the GPU while its readback is on its way;
+    # then, once the step before it is finished, it finishes (steps finish in call order).
+    # A step submitted while others are in flight is speculative: its host scalars (the
+    # step counter t, the loss scale) assume they were all applied, and the step guard skips
+    # it on the GPU when the step before it was skipped (the chain flag, update.STEP_CHAIN).
+    # A step that learns it was skipped explains itself (after running again, forced to
+    # skip, when later steps overwrote its gradients) and submits the steps after it again
+    # with the right scalars, the same data and PRNG seed: the results are those of steps
+    # awaited one by one, bit for bit. Other calls settle the flight first.
     async def _step(self, shapes: Shapes, data: dict[str, bytes]) -> Awaitable[Result]:
         exe = self._exe
         if exe is None:
@@ -231,10 +230,9 @@ class Training(Handle):
         async with self._submitting:
             await self._submit(step, fresh=not self._flight)
             with self._flight_lock:
+                before = self._flight[-1] if self._flight else None
                 self._flight.append(step)
-                if self._collector is None:
-                    self._collector = run_to_end(self._collect())
-        return step.result
+        return self._finished(step, before)
 
     async def _submit(self, step: _InFlight, fresh: bool) -> None:
         """Submit `step` as the next after those in flight (`fresh`: none is, the host's
@@ -268,40 +266,38 @@ class Training(Handle):
                     wait = self._flight[0]
                 else:
                     return
-            await asyncio.wrap_future(wait.settled)
+            if wait.loop is loop:
+                await wait.done
+            else:
+                await asyncio.wrap_future(wait.settled)
 
     async def _settle(self) -> None:
         """Wait until every step in flight is finished (before any other call runs)."""
         with self._flight_lock:
             last = self._flight[-1] if self._flight else None
-        if last is not None:
+        if last is None:
+            return
+        if last.loop is asyncio.get_running_loop():
+            await last.done
+        else:
             await asyncio.wrap_future(last.settled)
 
-    async def _collect(self) -> None:
-        """Finish the steps in flight in order, until none is left."""
-        while True:
-            with self._flight_lock:
-                step = self._flight[0]
-            try:
-                outcome: Result | BaseException = await self._finish(step)
-            except Exception as e:  # noqa: BLE001 - the step's own failure, in its result
-                outcome = e
-            if isinstance(outcome, BaseException):
-                step.result.set_exception(outcome)
-            else:
-                step.result.set_result(outcome)
+    async def _finished(self, step: _InFlight, before: _InFlight | None) -> Result:
+        """The second part of a step, after its turn: once the step before it is finished
+        (steps finish in call order), its own result (it is then the oldest in flight)."""
+        try:
+            if before is not None:
+                await before.done
+            return await self._finish(step)
+        finally:
+            step.done.set_result(None)
             step.settled.set_result(None)
-            with self._flight_lock:
-                if self._collector is not asyncio.current_task():
-                    return  # the flight emptied (a step made since has its own collector)
 
     def _pop(self) -> None:
         """The oldest step in flight is finished (the host's counts include it): out of the
-        flight; the collector ends with the last (a later step starts another)."""
+        flight."""
         with self._flight_lock:
             self._flight.popleft()
-            if not self._flight:
-                self._collector = None
 
     async def _finish(self, step: _InFlight) -> Result:
         """The result of the oldest step in flight, once its readback is in; after a skipped
@@ -493,14 +489,14 @@ class Training(Handle):
 @dataclass(eq=False)
 class _InFlight:
     """A step submitted whose result is not in yet: its executable, the user's bytes, its
-    feeds but the per-step scalars (the PRNG seed included), the event loop it was called in
-    and its result there; once submitted, its readback, step counter and whole feeds."""
+    feeds but the per-step scalars (the PRNG seed included), the event loop it was called in;
+    once submitted, its readback, step counter and whole feeds."""
 
     exe: Executable
     data: dict[str, bytes]
     feeds: dict[str, bytes]
     loop: asyncio.AbstractEventLoop
-    result: asyncio.Future[Result]
+    done: asyncio.Future[None]  # finished (in its loop; `settled` from any thread)
     settled: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
     readback: Awaitable[Ran] | None = None
     t: int = 0
