@@ -197,8 +197,12 @@ class Training(Handle):
         the right size is read in row-major order; a single value fits a one-element shape.
 
         The inputs are checked and copied when step is called, and calls on this training
-        (steps, uploads, resets, forward runs) run one at a time in call order. A step called
-        before replace_model/destroy returns Aborted if it had not finished.
+        (steps, uploads, resets, forward runs) run one at a time in call order. A step gives
+        its turn up once its GPU work is submitted, so a step called before the last one's
+        loss is back is written and queued on the GPU meanwhile (up to MAX_IN_FLIGHT); the
+        results are those of steps awaited one by one, bit for bit, and other calls wait for
+        the steps before them. A step called before replace_model/destroy returns Aborted if
+        it had not finished.
 
         Cancellation (``task.cancel()``, ``asyncio.wait_for`` timing out, ``asyncio.run``
         ending): a call cancelled while it still waits for its turn behind other calls never
