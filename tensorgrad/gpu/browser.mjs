@@ -247,30 +247,29 @@ function submitChunks(state, program, args) {
   return submitMany(state, program, args);
 }
 
+// One error scope for the writes and the submission (one answer to wait for, not two).
 function submitOne(state, program, args) {
   const device = state.device;
-  const scopes = [writeInputs(state, args)];
   device.pushErrorScope("validation");
+  writeInputs(state, args);
   const encoder = device.createCommandEncoder();
   encode(encoder, program.chunks[0] ?? []);
   const pending = encodeReads(state, encoder, args[4]);
   device.queue.submit([encoder.finish()]);
-  scopes.push(device.popErrorScope());
+  const scopes = [device.popErrorScope()];
   const done = pending ? null : device.queue.onSubmittedWorkDone();
   return { readback: readAfter(state, pending, done, scopes) };
 }
 
-// Write the inputs of args; the promise of their validation errors.
+// Write the inputs of args.
 function writeInputs(state, args) {
   const [writeBuffers, writeOffsets, writeSizes, blob] = args;
-  const device = state.device, queue = device.queue;
-  device.pushErrorScope("validation");
+  const queue = state.device.queue;
   let offset = 0;
   for (let i = 0; i < writeBuffers.length; i++) {
     queue.writeBuffer(writeBuffers[i], writeOffsets[i], blob, offset, writeSizes[i]);
     offset += writeSizes[i];
   }
-  return device.popErrorScope();
 }
 
 // The readback of a submitted step: its reads mapped at once (the map resolves when the last
@@ -287,7 +286,9 @@ function readAfter(state, pending, previous, scopes) {
 async function submitMany(state, program, args) {
   const reads = args[4];
   const device = state.device, queue = device.queue;
-  const scopes = [writeInputs(state, args)];
+  device.pushErrorScope("validation");
+  writeInputs(state, args);
+  const scopes = [device.popErrorScope()];
   let previous = null, pending = null;
   const chunks = program.chunks;
   for (let c = 0; c < chunks.length; c++) {
