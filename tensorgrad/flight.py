@@ -94,12 +94,19 @@ class CallQueue:
     cancelling leftover tasks at its end can stop it halfway through its GPU work or its
     bookkeeping), and an awaiter cancelled meanwhile gets ``CancelledError`` at once.
 
+    A call made with ``staged=True`` gives its turn up before its end: ``fn()`` does what
+    must run in turn (a training step: submitting its GPU work) and returns an awaitable of
+    the rest (the step's readback), which is awaited once the next call has the turn. Every
+    other call first awaits ``settle()`` (when set) in its turn: the owner's way to finish
+    what staged calls left in flight before anything else touches the same state.
+
     ``async with queue:`` holds a turn without a task (a loop- and thread-agnostic lock)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._busy = False
         self._waiters: deque[_Turn] = deque()
+        self.settle: Callable[[], Awaitable[None]] | None = None
 
     @property
     def busy(self) -> bool:
@@ -110,24 +117,42 @@ class CallQueue:
         """Queue ``fn()``; a coroutine of its result. When an event loop runs, the call is
         already under way as a task (so it keeps its place even if the coroutine is awaited
         late, or wrapped in ``asyncio.create_task``); otherwise it starts when awaited."""
+        return self._start(lambda: self._run(fn))
+
+    def submit_staged(self, fn: Callable[[], Awaitable[Awaitable[T]]]
+                      ) -> Coroutine[Any, Any, T]:
+        """Queue ``fn()``, which gives the turn up when it returns; a coroutine of the
+        result of the awaitable it returned (see the class docstring)."""
+        return self._start(lambda: self._run_staged(fn))
+
+    def _start(self, make: Callable[[], Coroutine[Any, Any, T]]) -> Coroutine[Any, Any, T]:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            return self._start_when_awaited(fn)
-        return _result_of(_Call(self._run(fn), loop=loop))
+            return self._start_when_awaited(make)
+        return _result_of(_Call(make(), loop=loop))
 
-    async def _start_when_awaited(self, fn: Callable[[], Awaitable[T]]) -> T:
-        return await _result_of(_Call(self._run(fn), loop=asyncio.get_running_loop()))
+    async def _start_when_awaited(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        return await _result_of(_Call(make(), loop=asyncio.get_running_loop()))
 
     async def _run(self, fn: Callable[[], Awaitable[T]]) -> T:
         await self._acquire()
-        call = asyncio.current_task()
-        if isinstance(call, _Call):
-            call.running = True  # from here on it runs to its end (no await since _acquire)
+        _mark_running()
         try:
+            if self.settle is not None:
+                await self.settle()
             return await fn()
         finally:
             self._release()
+
+    async def _run_staged(self, fn: Callable[[], Awaitable[Awaitable[T]]]) -> T:
+        await self._acquire()
+        _mark_running()
+        try:
+            rest = await fn()
+        finally:
+            self._release()
+        return await rest
 
     async def __aenter__(self) -> None:
         await self._acquire()
@@ -183,6 +208,14 @@ class _Turn:
         except RuntimeError:  # "Event loop is closed"
             return False
         return True
+
+
+def _mark_running() -> None:
+    """The current call has its turn: from here on it runs to its end (called with no await
+    since its turn was granted)."""
+    call = asyncio.current_task()
+    if isinstance(call, _Call):
+        call.running = True
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

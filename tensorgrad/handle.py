@@ -36,6 +36,8 @@ Shapes = Mapping[str, tuple[int, ...]]
 """{input name: shape} of one call's inputs (None dims resolved)."""
 Body = Callable[[Shapes, dict[str, bytes]], Awaitable[Result]]
 """What a step or run does in its turn, with its input shapes and bytes."""
+StagedBody = Callable[[Shapes, dict[str, bytes]], Awaitable[Awaitable[Result]]]
+"""What a staged step does in its turn (submit), returning what finishes it after the turn."""
 
 
 def _snapshot(where: str, given: Mapping[str, InputData], shapes: Shapes,
@@ -88,6 +90,10 @@ async def _value(result: Result) -> Result:
     return result
 
 
+async def _raise(error: Exception) -> Result:
+    raise error
+
+
 class Handle:
     """The base of :class:`~tensorgrad.Training` and :class:`~tensorgrad.Forward`: the
     device, the declared inputs, the call queue and what runs through it, the params.
@@ -134,20 +140,56 @@ class Handle:
         """Check and copy `inputs` now, then run `body(shapes, data)` in this handle's turn.
         Never raises: a bad input is a Failed, returned in call order like every result."""
         generation = self._generation
+        checked = self._checked(where, inputs)
+        if isinstance(checked, Failed):
+            return self._queue.submit(lambda: _value(checked))
+        shapes, data = checked
+        return self._queue.submit(lambda: self._guard(lambda: body(shapes, data), generation))
+
+    def _call_staged(self, where: str, inputs: Mapping[str, InputData], body: StagedBody
+                     ) -> Coroutine[Any, Any, Result]:
+        """:meth:`_call` of a body that gives its turn up when it returns (a staged call of
+        the queue): what it returns, awaited after the turn, is the result."""
+        generation = self._generation
+        checked = self._checked(where, inputs)
+        if isinstance(checked, Failed):
+            return self._queue.submit(lambda: _value(checked))
+        shapes, data = checked
+        return self._queue.submit_staged(
+            lambda: self._guard_staged(lambda: body(shapes, data), generation))
+
+    def _checked(self, where: str, inputs: Mapping[str, InputData]
+                 ) -> tuple[Shapes, dict[str, bytes]] | Failed:
+        """(shapes, bytes) of a call's inputs, checked and copied now; a Failed if bad."""
         try:
             _check_user_inputs(where, inputs, self._input_decls)
             shapes = self._shapes(inputs)
-            data = _snapshot(where, inputs, shapes, self._dtypes)
+            return shapes, _snapshot(where, inputs, shapes, self._dtypes)
         except Exception as e:  # noqa: BLE001 - step/run report failures, never raise
-            failure = Failed(e)
-            return self._queue.submit(lambda: _value(failure))
-        return self._queue.submit(lambda: self._guard(lambda: body(shapes, data), generation))
+            return Failed(e)
 
-    async def _guard(self, call: Callable[[], Awaitable[Result]], generation: int) -> Result:
-        """Run `call`; Aborted if the graph was replaced/destroyed since `generation` (the
-        generation when step/run was called, not when the coroutine first ran)."""
+    async def _guard_staged(self, call: Callable[[], Awaitable[Awaitable[Result]]],
+                            generation: int) -> Awaitable[Result]:
+        """:meth:`_guard` for both parts of a staged call; a first part that fails waits
+        for what is in flight (``queue.settle``), so its result comes in call order."""
         try:
             if self._destroyed or generation != self._generation:
+                raise AbortError("destroyed or replaced")
+            rest = await call()
+        except Exception as e:  # noqa: BLE001 - step/run report failures, never raise
+            error = e
+            if self._queue.settle is not None:
+                await self._queue.settle()
+            return self._guard(lambda: _raise(error), generation)
+        return self._guard(lambda: rest, generation, started=True)
+
+    async def _guard(self, call: Callable[[], Awaitable[Result]], generation: int,
+                     started: bool = False) -> Result:
+        """Run `call`; Aborted if the graph was replaced/destroyed since `generation` (the
+        generation when step/run was called, not when the coroutine first ran). `started`:
+        the call is under way (the rest of a staged call), it runs to its end in any case."""
+        try:
+            if not started and (self._destroyed or generation != self._generation):
                 raise AbortError("destroyed or replaced")
             result = await call()
         except AbortError:

@@ -9,9 +9,9 @@ attached to it bind, so they share weights without copies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import describe
 from .codegen.kernel import Kernel, dispatch_size
@@ -45,6 +45,9 @@ from .plan import BufferPlan, check_bytes
 if TYPE_CHECKING:
     from .gpu.interface import HostBytes
     from .hostdata import HostArray, HostData
+
+Ran = tuple["HostArray", dict[str, "HostArray"], bool]
+"""What a run gives: the output, {capture name: array}, whether the step guard applied it."""
 
 
 class ParamStore:
@@ -253,6 +256,14 @@ class Executable:
         they are written as they are (an index input's values are checked against the
         graph's index bounds). Returns the output array, {capture name: array} and whether
         the step guard let the update through (True for a graph without one)."""
+        return await (await self.submit(feeds, read_captures))
+
+    async def submit(self, feeds: Mapping[str, bytes], read_captures: bool = True,
+                     states: Mapping[str, bytes] | None = None) -> Coroutine[Any, Any, Ran]:
+        """:meth:`run` in two parts: returns once the run is submitted, with a coroutine of
+        what :meth:`run` returns (await it exactly once). Whatever runs on this device after
+        that (another run, a read, a write) comes after it on the GPU. `states`: bytes to
+        write into state leaves {name: bytes} before the run, after the inputs."""
         writes: list[tuple[Binding, HostBytes]] = []
         inputs = self.inputs
         for name, node in inputs.items():
@@ -267,6 +278,7 @@ class Executable:
         if extra:
             raise ShapeError("step", f"unknown input(s) {sorted(extra)}; the graph takes "
                              f"{sorted(n for n in inputs if not n.startswith('_'))}")
+        writes += [(self.leaf_buffer("state", name), data) for name, data in (states or {}).items()]
         out_node = self.graph[self.output_id]
         reads = [(self.buffer_of(out_node.id), out_node.buffer_bytes)]
         if self.status_id is not None:
@@ -278,9 +290,15 @@ class Executable:
                 raise AbortError("graph destroyed")
             if self.upgrading is not None and self.upgrading[1].ready():
                 self._swap_in_upgrade()
-            got = await self.device.execute(self.program, writes, reads)
+            readback = await self.device.submit(self.program, writes, reads)
             if self.upgrade is not None and not self.destroyed:
                 self._start_upgrade()
+        return self._unpack(readback, captures)
+
+    async def _unpack(self, readback: Awaitable[list[memoryview]],
+                      captures: list[tuple[str, int]]) -> Ran:
+        got = await readback
+        out_node = self.graph[self.output_id]
         out = from_bytes(got[0], out_node.shape, out_node.dtype)
         applied = True
         if self.status_id is not None:

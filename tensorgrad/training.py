@@ -4,8 +4,14 @@ steps (the params, the optimizer's step counter and LR). Create one with :func:`
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import copy
 import math
-from collections.abc import Callable, Coroutine, Mapping
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import describe
@@ -22,15 +28,20 @@ from .module import Module
 from .optim import OptimizerConfig, OptimizerPlan
 from .precision import LossScale, LossScaler, check_precision
 from .results import Captures, Completed, Failed, Result
-from .runtime import Executable, ParamStore
+from .runtime import Executable, ParamStore, Ran
 from .skipped import non_finite_grad, non_finite_param, non_finite_update
 from .tensor import Tensor
 from .trace import InputDecl, check_seed, normalize_inputs
+from .update import STEP_CHAIN
 
 if TYPE_CHECKING:
     from .hostdata import HostArray, InputData
     from .ir import DType
     from .trace import InputSpec
+
+MAX_IN_FLIGHT = 4
+"""Steps submitted and not yet finished, at most: a step beyond waits for the oldest."""
+_CHAIN_FRESH, _CHAIN_SKIP = scalar_bytes(1.0, "f32"), scalar_bytes(0.0, "f32")
 
 
 class Training(Handle):
@@ -63,6 +74,14 @@ class Training(Handle):
             raise ValueError(f"compile: loss_scale={loss_scale!r} needs precision='mixed' "
                              f"(precision is {precision!r}: an f32 step is not scaled)")
         self._scaler = LossScaler(loss_scale or LossScale()) if precision == "mixed" else None
+        # Steps in flight (submitted, results not in yet), oldest first, and what the next
+        # one assumes: every step before it applied (see _step).
+        self._flight: deque[_InFlight] = deque()
+        self._flight_lock = threading.Lock()
+        self._submitting = CallQueue()  # one submission at a time (steps, resubmissions)
+        self._next_t = 0
+        self._next_scaler: LossScaler | None = None
+        self._queue.settle = self._settle
 
     def _build(self, model: Module, optimizer: OptimizerConfig, seed: int | None) -> None:
         seed = check_seed(seed)
@@ -178,8 +197,12 @@ class Training(Handle):
         the right size is read in row-major order; a single value fits a one-element shape.
 
         The inputs are checked and copied when step is called, and calls on this training
-        (steps, uploads, resets, forward runs) run one at a time in call order. A step called
-        before replace_model/destroy returns Aborted if it had not finished.
+        (steps, uploads, resets, forward runs) run one at a time in call order. A step gives
+        its turn up once its GPU work is submitted, so a step called before the last one's
+        loss is back is written and queued on the GPU meanwhile (up to MAX_IN_FLIGHT); the
+        results are those of steps awaited one by one, bit for bit, and other calls wait for
+        the steps before them. A step called before replace_model/destroy returns Aborted if
+        it had not finished.
 
         Cancellation (``task.cancel()``, ``asyncio.wait_for`` timing out, ``asyncio.run``
         ending): a call cancelled while it still waits for its turn behind other calls never
@@ -187,32 +210,154 @@ class Training(Handle):
         it: a step that reached the GPU is applied whole and counted (step counter, PRNG
         counter, LR schedule position), as are uploads and resets; the cancelled awaiter
         gets ``CancelledError`` at once, and the calls made after it run after it."""
-        return self._call("step", inputs, self._step)
+        return self._call_staged("step", inputs, self._step)
 
-    async def _step(self, shapes: Shapes, data: dict[str, bytes]) -> Result:
+    # A step gives its turn up once submitted (the queue's staged call): the next step's
+    # writes and dispatches queue behind it on the GPU while its readback is on its way;
+    # then, once the step before it is finished, it finishes (steps finish in call order).
+    # A step submitted while others are in flight is speculative: its host scalars (the
+    # step counter t, the loss scale) assume they were all applied, and the step guard skips
+    # it on the GPU when the step before it was skipped (the chain flag, update.STEP_CHAIN).
+    # A step that learns it was skipped explains itself (after running again, forced to
+    # skip, when later steps overwrote its gradients) and submits the steps after it again
+    # with the right scalars, the same data and PRNG seed: the results are those of steps
+    # awaited one by one, bit for bit. Other calls settle the flight first.
+    async def _step(self, shapes: Shapes, data: dict[str, bytes]) -> Awaitable[Result]:
         exe = self._exe
         if exe is None:
             raise AbortError("no graph")
-        t = self._t + 1
+        loop = asyncio.get_running_loop()
+        await self._make_room(loop)
         feeds = dict(data)
+        self._feed_seed(exe, feeds)
+        step = _InFlight(exe, data, feeds, loop, loop.create_future())
+        async with self._submitting:
+            await self._submit(step, fresh=not self._flight)
+            with self._flight_lock:
+                before = self._flight[-1] if self._flight else None
+                self._flight.append(step)
+        return self._finished(step, before)
+
+    async def _submit(self, step: _InFlight, fresh: bool) -> None:
+        """Submit `step` as the next after those in flight (`fresh`: none is, the host's
+        counts are exact and the chain flag is set to 1)."""
+        if fresh:
+            self._next_t, self._next_scaler = self._t, copy.copy(self._scaler)
+        t = self._next_t + 1
         scalars = self._opt.host_scalars(self._lr, t)
-        if self._scaler is not None:
-            scalars.update(self._scaler.scalars())
+        if self._next_scaler is not None:
+            scalars.update(self._next_scaler.scalars())
+        feeds = dict(step.feeds)
         for name, value in scalars.items():
             feeds[name] = scalar_bytes(value, "f32")
-        self._feed_seed(exe, feeds)
-        out, caps, applied = await exe.run(feeds)
-        loss = scalar(out)
-        if math.isfinite(loss) and not applied and await self._overflowed(exe, data):
+        step.readback = await step.exe.submit(feeds,
+                                              states={STEP_CHAIN: _CHAIN_FRESH} if fresh else {})
+        step.t, step.submitted = t, feeds
+        self._next_t = t
+        if self._next_scaler is not None:
+            self._next_scaler.update(overflow=False)
+
+    async def _make_room(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for the oldest step in flight while MAX_IN_FLIGHT are, or for every one when
+        they run in another event loop (steps in flight share one loop)."""
+        while True:
+            with self._flight_lock:
+                if not self._flight:
+                    return
+                if self._flight[0].loop is not loop:
+                    wait = self._flight[-1]
+                elif len(self._flight) >= MAX_IN_FLIGHT:
+                    wait = self._flight[0]
+                else:
+                    return
+            if wait.loop is loop:
+                await wait.done
+            else:
+                await asyncio.wrap_future(wait.settled)
+
+    async def _settle(self) -> None:
+        """Wait until every step in flight is finished (before any other call runs)."""
+        with self._flight_lock:
+            last = self._flight[-1] if self._flight else None
+        if last is None:
+            return
+        if last.loop is asyncio.get_running_loop():
+            await last.done
+        else:
+            await asyncio.wrap_future(last.settled)
+
+    async def _finished(self, step: _InFlight, before: _InFlight | None) -> Result:
+        """The second part of a step, after its turn: once the step before it is finished
+        (steps finish in call order), its own result (it is then the oldest in flight)."""
+        try:
+            if before is not None:
+                await before.done
+            return await self._finish(step)
+        finally:
+            step.done.set_result(None)
+            step.settled.set_result(None)
+
+    def _pop(self) -> None:
+        """The oldest step in flight is finished (the host's counts include it): out of the
+        flight."""
+        with self._flight_lock:
+            self._flight.popleft()
+
+    async def _finish(self, step: _InFlight) -> Result:
+        """The result of the oldest step in flight, once its readback is in; after a skipped
+        step, the steps after it are submitted again (before it leaves the flight: a step
+        submitted meanwhile is one of them)."""
+        assert step.readback is not None
+        try:
+            out, caps, applied = await step.readback
+            loss = scalar(out)
+        except BaseException:
+            self._pop()
+            raise
+        if applied and math.isfinite(loss):
+            self._t = step.t
+            if self._scaler is not None:
+                self._scaler.update(overflow=False)
+            self._pop()
+            return Completed(loss=loss, captures=Captures(caps))
+        async with self._submitting:
+            try:
+                if len(self._flight) > 1:  # later steps overwrote its gradients: again
+                    await (await step.exe.submit(step.submitted,
+                                                 states={STEP_CHAIN: _CHAIN_SKIP}))
+                return await self._skipped_result(step, loss, caps)
+            finally:
+                await self._resubmit_after(step)
+                self._pop()
+
+    async def _resubmit_after(self, skipped: _InFlight) -> None:
+        """Submit the steps after `skipped` again (the guard skipped them on the GPU),
+        the first fresh; one that cannot be submitted gets that error as its result."""
+        with self._flight_lock:
+            later = list(self._flight)[1:]
+        fresh = True
+        for step in later:
+            assert step.readback is not None
+            try:
+                await step.readback  # (skipped: only its bytes are given back)
+            except Exception:  # noqa: BLE001, S110 - its new submission tells
+                pass
+            try:
+                await self._submit(step, fresh)
+                fresh = False
+            except Exception as e:  # noqa: BLE001 - the step's result
+                step.readback, fresh = _failing(e), True
+
+    async def _skipped_result(self, step: _InFlight, loss: float, caps: Mapping[str, Any]
+                              ) -> Result:
+        """A skipped step's result: Completed(skipped=True) for a mixed-precision overflow
+        (the scale backs off), else Failed naming why."""
+        if math.isfinite(loss) and await self._overflowed(step.exe, step.data):
             assert self._scaler is not None
             self._scaler.update(overflow=True)  # a normal event: skipped, scale backed off
             return Completed(loss=loss, captures=Captures(caps), skipped=True)
-        if not math.isfinite(loss) or not applied:
-            return Failed(FloatingPointError(await self._skipped(exe, data, loss, t)))
-        if self._scaler is not None:
-            self._scaler.update(overflow=False)
-        self._t = t
-        return Completed(loss=loss, captures=Captures(caps))
+        return Failed(FloatingPointError(await self._skipped(step.exe, step.data, loss,
+                                                             step.t)))
 
     async def _overflowed(self, exe: Executable, data: Mapping[str, bytes]) -> bool:
         """Whether a skipped step with a finite loss was a mixed-precision overflow: the
@@ -356,6 +501,27 @@ class Training(Handle):
         if self._store is not None:
             self._store.destroy()
         self._exe = self._store = None
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """A step submitted whose result is not in yet: its executable, the user's bytes, its
+    feeds but the per-step scalars (the PRNG seed included), the event loop it was called in;
+    once submitted, its readback, step counter and whole feeds."""
+
+    exe: Executable
+    data: dict[str, bytes]
+    feeds: dict[str, bytes]
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future[None]  # finished (in its loop; `settled` from any thread)
+    settled: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+    readback: Awaitable[Ran] | None = None
+    t: int = 0
+    submitted: dict[str, bytes] = field(default_factory=dict)
+
+
+async def _failing(error: Exception) -> Ran:
+    raise error
 
 
 def _fixed_shape(decl: InputDecl) -> tuple[int, ...]:

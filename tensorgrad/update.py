@@ -142,6 +142,15 @@ def host_scalars(config: OptimizerConfig, t: int, lr: lr_mod.LR | None = None,
     return out if names is None else {k: out[k] for k in names}
 
 
+STEP_CHAIN = "_step_chain"
+"""The step guard's chain flag, a 0-d f32 state: each guarded step requires it to be 1 and
+leaves its own outcome there (1.0 applied, 0.0 skipped). A step submitted before the host
+knows whether the step before it was applied (a speculative step, see
+:class:`tensorgrad.training.Training`) leaves it as the step before left it, so that it is
+skipped after a skipped step; any other step has the host write 1.0 into it first (and 0.0
+forces a skip)."""
+
+
 # ---- the plan ----------------------------------------------------------------------------
 
 class Writeback(NamedTuple):
@@ -268,13 +277,17 @@ class Appender:
         ops then write their old values unless it is 1."""
         if self.loss is None:
             return
-        flags = [uc.update_partials(
+        flags: list[Tensor] = [uc.update_partials(
             rule, self.params[n], self.grads[n], states,
             [*scalars, ("gnorm", self.gnorm.get(n)), ("gtotal", self.gtotal)],
             {**(attrs(n) if callable(attrs) else attrs), "clip": self.clip},
             self.spans.get(n, ((n, 0, self.params[n].node.size),)), self.max_inputs)
             for n, states, scalars in trials]
-        self.ok = oo.guard(self.loss, flags)
+        # The chain flag: 1 unless the step before was skipped and this one was submitted
+        # before the host knew (see STEP_CHAIN); the flag this step leaves is its own `ok`.
+        chain = leaf("state", STEP_CHAIN, (), "f32", init=1.0)
+        self.ok = oo.guard(self.loss, [chain, *flags])
+        self.writebacks.append(Writeback(self.ok.id, STEP_CHAIN, "state"))
 
 
 # ---- appending the optimizer ---------------------------------------------------------------
@@ -435,6 +448,6 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
                          None if ok is None else ok.id, layout, arena_size)
 
 
-__all__ = ["CALLABLE_MARK", "CONFIGS", "Appender", "NameFilter", "OptimizerConfig",
-           "OptimizerPlan", "Scale", "Trial", "Writeback", "append_optimizer", "check_filter",
-           "check_number", "host_scalars"]
+__all__ = ["CALLABLE_MARK", "CONFIGS", "STEP_CHAIN", "Appender", "NameFilter",
+           "OptimizerConfig", "OptimizerPlan", "Scale", "Trial", "Writeback", "append_optimizer",
+           "check_filter", "check_number", "host_scalars"]

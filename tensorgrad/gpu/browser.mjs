@@ -1,7 +1,8 @@
 // tensorgrad's browser GPU adapter, the JS half of tensorgrad/gpu/browser.py (shipped in the
 // wheel, imported once per interpreter). Every Python→JS crossing costs far more than a WebGPU
 // call made from here, so the per-step work lives in this module: createProgram() makes a
-// step's bind groups and chunks once, execute() runs a whole step in one call.
+// step's bind groups and chunks once, execute() runs a whole step in one call (submit() and
+// its readback: the same in two parts).
 
 const USAGE = () => GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
 const align4 = (n) => (n + 3) & ~3;
@@ -213,21 +214,81 @@ function checkErrors(errors, what) {
 
 // args: [writeBuffers, writeOffsets, writeSizes, blob (Uint8Array), reads (flat triples)]
 export async function execute(state, program, args) {
+  const job = submit(state, program, args);
+  await job.ready;
+  return job.readback;
+}
+
+// execute() in two parts: {ready, readback}. `ready` is undefined (Python's None) when the
+// step is already written and submitted (a one-chunk program: no wait needed, no promise to
+// await), else a promise of its submission; `readback` then holds a promise of the reads'
+// bytes. What the queue gets after the submission runs after the step, so the next step can
+// be submitted while this one's readback is on its way.
+export function submit(state, program, args) {
   if (state.lost) throw lostError(state);
-  if (!program.checked) {
-    checkErrors([await program.error], "create_program");
-    program.checked = true;
+  if (program.checked && program.chunks.length <= 1) {
+    return { ready: undefined, readback: submitChunks(state, program, args).readback };
   }
-  const [writeBuffers, writeOffsets, writeSizes, blob, reads] = args;
-  const device = state.device, queue = device.queue;
-  const scopes = [];
+  const job = { ready: undefined, readback: undefined };
+  job.ready = (async () => {
+    if (!program.checked) {
+      checkErrors([await program.error], "create_program");
+      program.checked = true;
+    }
+    job.readback = (await submitChunks(state, program, args)).readback;
+  })();
+  return job;
+}
+
+// Write the inputs and submit the chunks (waiting between them for a program of more than
+// one chunk: then it returns a promise); {readback}.
+function submitChunks(state, program, args) {
+  if (program.chunks.length <= 1) return submitOne(state, program, args);
+  return submitMany(state, program, args);
+}
+
+// One error scope for the writes and the submission (one answer to wait for, not two).
+function submitOne(state, program, args) {
+  const device = state.device;
   device.pushErrorScope("validation");
+  writeInputs(state, args);
+  const encoder = device.createCommandEncoder();
+  encode(encoder, program.chunks[0] ?? []);
+  const pending = encodeReads(state, encoder, args[4]);
+  device.queue.submit([encoder.finish()]);
+  const scopes = [device.popErrorScope()];
+  const done = pending ? null : device.queue.onSubmittedWorkDone();
+  return { readback: readAfter(state, pending, done, scopes) };
+}
+
+// Write the inputs of args.
+function writeInputs(state, args) {
+  const [writeBuffers, writeOffsets, writeSizes, blob] = args;
+  const queue = state.device.queue;
   let offset = 0;
   for (let i = 0; i < writeBuffers.length; i++) {
     queue.writeBuffer(writeBuffers[i], writeOffsets[i], blob, offset, writeSizes[i]);
     offset += writeSizes[i];
   }
-  scopes.push(device.popErrorScope());
+}
+
+// The readback of a submitted step: its reads mapped at once (the map resolves when the last
+// chunk is done), before the error scopes are awaited: their answers and the map's come in
+// one wait.
+function readAfter(state, pending, previous, scopes) {
+  const mapping = pending ? pending[0].mapAsync(GPUMapMode.READ, 0, pending[1]) : null;
+  mapping?.catch(() => {});
+  const readback = finish(state, pending, mapping, previous, scopes);
+  readback.catch(() => {});  // handled: the caller awaits it
+  return readback;
+}
+
+async function submitMany(state, program, args) {
+  const reads = args[4];
+  const device = state.device, queue = device.queue;
+  device.pushErrorScope("validation");
+  writeInputs(state, args);
+  const scopes = [device.popErrorScope()];
   let previous = null, pending = null;
   const chunks = program.chunks;
   for (let c = 0; c < chunks.length; c++) {
@@ -244,10 +305,10 @@ export async function execute(state, program, args) {
     if (previous) await previous;
     previous = done;
   }
-  // The map is asked for at once (it resolves when the last chunk is done), before the
-  // error scopes are awaited: their answers and the map's come in one wait.
-  const mapping = pending ? pending[0].mapAsync(GPUMapMode.READ, 0, pending[1]) : null;
-  mapping?.catch(() => {});
+  return { readback: readAfter(state, pending, previous, scopes) };
+}
+
+async function finish(state, pending, mapping, previous, scopes) {
   if (previous) await previous;
   try {
     checkErrors(await Promise.all(scopes), "execute");

@@ -11,7 +11,7 @@ count. ``ffi_calls`` counts every crossing the adapter makes, for tests and benc
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
@@ -52,7 +52,7 @@ _LIMITS = {
 
 
 _JS_FUNCTIONS = ("createBuffer", "writeBuffer", "createKernel", "createKernels", "startKernels",
-                 "createProgram", "destroyProgram", "execute", "readBuffers", "destroy",
+                 "createProgram", "destroyProgram", "execute", "submit", "readBuffers", "destroy",
                  "lostReason")
 _helper: Any = None
 
@@ -112,6 +112,17 @@ class BrowserDevice:
 
         self.ffi_calls += 1
         return to_js(value, create_pyproxies=False)
+
+    def _lost_mapped(self, call: Callable[[], Any]) -> Any:
+        """`call()`; the helper's DeviceLostError (thrown at once) becomes tensorgrad's."""
+        from pyodide.ffi import JsException
+
+        try:
+            return call()
+        except JsException as exc:
+            if str(getattr(exc, "name", "")) != "DeviceLostError":
+                raise
+            raise DeviceLostError(str(exc.message)) from None
 
     async def _await(self, promise: Any) -> Any:
         """Await a JS promise; the helper's DeviceLostError becomes tensorgrad's."""
@@ -255,6 +266,33 @@ class BrowserDevice:
                       reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
         """Write inputs, run the program's chunks (two in flight at most), read back: four FFI
         calls whatever the number of kernels, writes and reads."""
+        args = await self._step_args(writes, reads)
+        out = await self._await(self._call("execute", cast(BrowserProgram, program).plan, args))
+        return self._split(out, reads)
+
+    async def submit(self, program: ProgramHandle, writes: Sequence[tuple[Binding, HostBytes]],
+                     reads: Sequence[tuple[Binding, int]]
+                     ) -> Coroutine[Any, Any, list[memoryview]]:
+        """:meth:`execute` in two parts: returns once the step is submitted, with a coroutine
+        of its reads (a one-chunk step is submitted in the call itself, no promise awaited)."""
+        args = await self._step_args(writes, reads)
+        job = self._lost_mapped(lambda: self._call("submit", cast(BrowserProgram, program).plan,
+                                                   args))
+        self.ffi_calls += 1  # the attribute read
+        ready = job.ready
+        if ready is not None:  # more than one chunk (or a first run): submitted in JS time
+            await self._await(ready)
+        return self._readback(job, reads)
+
+    async def _readback(self, job: Any, reads: Sequence[tuple[Binding, int]]
+                        ) -> list[memoryview]:
+        self.ffi_calls += 1  # the attribute read
+        out = await self._await(job.readback)
+        return self._split(out, reads)
+
+    async def _step_args(self, writes: Sequence[tuple[Binding, HostBytes]],
+                         reads: Sequence[tuple[Binding, int]]) -> Any:
+        """The JS arguments of a step: the writes as one blob, the reads flat."""
         if self._unchecked:
             await self.check_kernels()
         blob = bytearray()
@@ -266,9 +304,7 @@ class BrowserDevice:
             handles.append(handle)
             offsets.append(offset)
             sizes.append(view.nbytes)
-        args = self._to_js([handles, offsets, sizes, memoryview(blob), _flat_reads(reads)])
-        out = await self._await(self._call("execute", cast(BrowserProgram, program).plan, args))
-        return self._split(out, reads)
+        return self._to_js([handles, offsets, sizes, memoryview(blob), _flat_reads(reads)])
 
     async def read_buffers(self, reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
         """Read `(buffer, nbytes)` pairs back: one submission, one map."""

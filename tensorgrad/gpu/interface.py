@@ -3,16 +3,17 @@
 The runtime talks only to this interface. Nothing here names wgpu, Pyodide or JS types:
 handles are opaque objects owned by the adapter.
 
-A step is one call to :meth:`GPUDevice.execute` on a :class:`Program` built once at compile
-time, so a browser adapter can encode the whole step with a constant number of FFI calls.
+A step is one call to :meth:`GPUDevice.execute` (or :meth:`GPUDevice.submit`, then its
+readback) on a :class:`Program` built once at compile time, so a browser adapter can encode
+the whole step with a constant number of FFI calls.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NewType, Protocol
+from typing import TYPE_CHECKING, Any, NewType, Protocol
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -253,6 +254,19 @@ class GPUDevice(Protocol):
     ) -> list[memoryview]:
         """Run one step: write host data, run the program's chunks with bounded work in
         flight, then read back `(buffer, nbytes)` pairs. Returns the bytes of each read."""
+        ...
+
+    async def submit(
+        self,
+        program: ProgramHandle,
+        writes: Sequence[tuple[Binding, HostBytes]],
+        reads: Sequence[tuple[Binding, int]],
+    ) -> Coroutine[Any, Any, list[memoryview]]:
+        """:meth:`execute` in two parts: this returns once the step is written and submitted
+        (its readback already asked for), with a coroutine of the bytes of each read, which
+        the caller awaits exactly once. Whatever is written, run or read after this returns
+        runs after the step on the GPU (WebGPU's queue order), so the next step can be
+        submitted while this one's readback is still on its way."""
         ...
 
     async def read_buffers(self, reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:

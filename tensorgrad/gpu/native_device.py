@@ -12,7 +12,7 @@ import functools
 import re
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -464,8 +464,17 @@ class NativeDevice:
     async def execute(self, program: ProgramHandle,
                       writes: Sequence[tuple[Binding, HostBytes]],
                       reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
-        """Write inputs, run the chunks with at most two submissions in flight, then read
-        back; the read copies ride in the last submission.
+        """:meth:`submit`, then its readback."""
+        return await (await self.submit(program, writes, reads))
+
+    @_loss_checked
+    async def submit(self, program: ProgramHandle,
+                     writes: Sequence[tuple[Binding, HostBytes]],
+                     reads: Sequence[tuple[Binding, int]]
+                     ) -> Coroutine[Any, Any, list[memoryview]]:
+        """Write inputs and submit the chunks with at most two submissions in flight; the
+        read copies ride in the last submission. Returns (once the last chunk is submitted)
+        the readback: a coroutine of the bytes of each read, to be awaited once.
 
         Before chunk i is submitted, chunk i - 2 must be done, so only chunks 0..n-3 carry a
         completion token: a two-chunk step waits for nothing but its read maps, and the wait
@@ -488,6 +497,13 @@ class NativeDevice:
                 pending.append((self._submit(command_buffer, fence), fence))
             else:
                 self.queue.submit([command_buffer])
+        return self._readback(pending, planned, nbytes)
+
+    @_loss_checked
+    async def _readback(self, pending: deque[tuple[Any, Any]],
+                        planned: list[tuple[Any, int, int, Any]],
+                        nbytes: list[int]) -> list[memoryview]:
+        """The rest of a submitted step: its remaining waits, then its reads mapped."""
         while pending:
             await self._wait(*pending.popleft())
         if not planned:

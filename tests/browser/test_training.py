@@ -86,6 +86,86 @@ def test_mlp_trains_in_the_browser(tg: Page) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Steps in flight through the page client: a step gives its turn up once submitted.
+
+# In the worker: count the device's step submissions; the readback of the first step whose x
+# (the only 128-byte write) holds a NaN waits until 3 more steps were submitted, so they are in
+# flight, speculatively, when its skip is learnt, however fast the GPU.
+HOLD_NAN_STEP = """
+import asyncio, math
+import tensorgrad.web.worker as loop
+dev = loop.SESSION.graphs[{graph}].obj.device
+submit = dev.submit
+submits, held = [0], []
+
+async def counted(program, writes, reads):
+    submits[0] += 1
+    me = submits[0]
+    readback = await submit(program, writes, reads)
+    if held or not any(len(bytes(d)) == 128 and any(map(math.isnan, memoryview(bytes(d)).cast("f")))
+                       for _, d in writes):
+        return readback
+    held.append(me)
+
+    async def later():
+        for _ in range(30_000):
+            if submits[0] >= me + 3:
+                break
+            await asyncio.sleep(0.001)
+        return await readback
+    return later()
+
+dev.submit = counted
+"""
+
+IN_FLIGHT = """async ({ n, bad, hold }) => {
+  const spec = { model: "MLP()", loss: "loss_fn", inputs: { x: [8, 4], y: [8, 1] }, seed: 2,
+    optimizer: "tg.optim.Adam(lr=tg.lr.warmup(0.05, 3, tg.lr.cosine_annealing(0.05, 0.001, 10)))" };
+  const batch = (i) => {
+    const x = new Float32Array(32).map((_, k) => Math.sin(0.7 * i + 0.3 * k));
+    if (i === bad) x[5] = NaN;
+    const y = new Float32Array(8).map((_, r) => x[4 * r] - 0.5 * x[4 * r + 3]);
+    return { x, y };
+  };
+  const outcome = (r) => r.kind === "completed" ? r.loss : `${r.kind}: ${r.error?.message}`;
+  const plain = (p) => Object.fromEntries(Object.entries(p).map(([k, v]) => [k, Array.from(v)]));
+  const awaited = await session.compile(spec);
+  const one = [];
+  for (let i = 0; i < n; i++) one.push(outcome(await awaited.step(batch(i))));
+  const paramsAwaited = plain(await awaited.downloadParams());
+  await awaited.destroy();
+  const together = await session.compile(spec);
+  await session.exec(hold.replace("{graph}", String(together.graphId)));
+  const inFlight = [], four = [];
+  for (let i = 0; i < n; i++) {
+    inFlight.push(together.step(batch(i)));
+    if (inFlight.length === 4) four.push(outcome(await inFlight.shift()));
+  }
+  for (const r of await Promise.all(inFlight)) four.push(outcome(r));
+  const paramsFour = plain(await together.downloadParams());
+  const submits = await session.exec("dev.submit = submit\\nsubmits[0]");
+  await together.destroy();
+  return { one, four, paramsAwaited, paramsFour, submits: Number(submits) };
+}"""
+
+
+def test_steps_in_flight_through_the_page_client_match_awaited_steps(tg: Page) -> None:
+    """Four steps in flight from the page, Adam with a warmup and cosine schedule, a NaN batch
+    among them: its step fails naming its own step and input, the steps sent after it (skipped
+    on the GPU, their step counter assumed one too far) are submitted again, and every loss
+    and param equals those of steps awaited one by one, bit for bit."""
+    assert tg.exec(MODEL) == "True"
+    n, bad = 14, 5
+    out = tg.js(IN_FLIGHT, {"n": n, "bad": bad, "hold": HOLD_NAN_STEP})
+    assert out["one"][bad].startswith("failed: loss is nan at step 6"), out["one"]
+    assert "input 'x' holds nan at flat index 5" in out["one"][bad], out["one"]
+    assert all(isinstance(v, float) for k, v in enumerate(out["one"]) if k != bad), out["one"]
+    assert out["four"] == out["one"]
+    assert out["paramsFour"] == out["paramsAwaited"]
+    assert out["submits"] > n  # the steps after the NaN batch were submitted again
+
+
+# ---------------------------------------------------------------------------------------------
 # The MLP sin demo's model through the page client: compile, then step() with Float32Arrays.
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -552,7 +552,7 @@ def test_arena_groups_and_layout() -> None:
     assert ops.count("adam_moments") == 2 and "sum_last" in ops  # clip: a parallel norm
     assert ops.count("sumsq_partials") == 1 and ops.count("step_ok") == 1
     kinds = [wb.kind for wb in plan.writebacks]
-    assert kinds.count("node") == 2 and kinds.count("state") == 2
+    assert kinds.count("node") == 2 and kinds.count("state") == 3  # m and v; the chain flag
     # normalize_grads needs each param's own norm: no arena then
     _, _, _, plain = build(optim.Adam(0.1, normalize_grads=True), arena=True)
     assert plain.layout is None
