@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .compiler import Options
 from .errors import AbortError, ShapeError
@@ -90,7 +90,9 @@ async def _value(result: Result) -> Result:
     return result
 
 
-async def _raise(error: Exception) -> Result:
+async def raising(error: Exception) -> NoReturn:
+    """A coroutine that raises `error` when awaited: an error given where a coroutine of a
+    result is expected (a step's failed first part, a step that could not be resubmitted)."""
     raise error
 
 
@@ -180,7 +182,7 @@ class Handle:
             error = e
             if self._queue.settle is not None:
                 await self._queue.settle()
-            return self._guard(lambda: _raise(error), generation)
+            return self._guard(lambda: raising(error), generation)
         return self._guard(lambda: rest, generation, started=True)
 
     async def _guard(self, call: Callable[[], Awaitable[Result]], generation: int,

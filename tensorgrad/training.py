@@ -20,7 +20,7 @@ from .errors import AbortError
 from .flight import CallQueue
 from .forward import Forward
 from .gpu import GPUDevice
-from .handle import Handle, Shapes, non_finite_input, scalar
+from .handle import Handle, Shapes, non_finite_input, raising, scalar
 from .hostdata import scalar_bytes, to_bytes
 from .ir import Graph
 from .lr import LR, rebase
@@ -346,7 +346,7 @@ class Training(Handle):
                 await self._submit(step, fresh)
                 fresh = False
             except Exception as e:  # noqa: BLE001 - the step's result
-                step.readback, fresh = _failing(e), True
+                step.readback, fresh = raising(e), True
 
     async def _skipped_result(self, step: _InFlight, loss: float, caps: Mapping[str, Any]
                               ) -> Result:
@@ -518,10 +518,6 @@ class _InFlight:
     readback: Awaitable[Ran] | None = None
     t: int = 0
     submitted: dict[str, bytes] = field(default_factory=dict)
-
-
-async def _failing(error: Exception) -> Ran:
-    raise error
 
 
 def _fixed_shape(decl: InputDecl) -> tuple[int, ...]:
