@@ -3,8 +3,9 @@
 # Usage on the device machine: bash bench/h200.sh [parts...]
 #   parts: base base-gpt2 report notorch matmul gpt2 profile mixed mixed-gpt2 (default: base
 #   report matmul, in order); notorch: report without the PyTorch twin (the small models'
-#   host-bound figures, compared with base's: PyTorch's CUDA context slows the Vulkan kernels); mixed / mixed-gpt2: report / gpt2 with --precision mixed (tensorgrad's
-#   f16 activations and loss scaling, the torch twin under torch.autocast float16 + GradScaler:
+#   host-bound figures, to compare with base's: PyTorch's CUDA context slows the Vulkan
+#   kernels); mixed / mixed-gpt2: report / gpt2 with --precision mixed (tensorgrad's f16
+#   activations and loss scaling, the torch twin under torch.autocast float16 + GradScaler:
 #   compare with report / gpt2 of the same call);
 #   a part ending in -unchecked (report-unchecked, matmul-unchecked, gpt2-unchecked) runs
 #   with TENSORGRAD_RUNTIME_CHECKS=0 (kernels without bounds checks), its files named so
