@@ -1,9 +1,11 @@
 #!/bin/bash
 # One device call: before (.base, the tree before the change measured) and after, same GPU.
 # Usage on the device machine: bash bench/h200.sh [parts...]
-#   parts: base base-gpt2 report matmul gpt2 profile mixed mixed-gpt2 (default: base report
-#   matmul, in order); mixed / mixed-gpt2: report / gpt2 with --precision mixed (tensorgrad's
-#   f16 activations and loss scaling, the torch twin under torch.autocast float16 + GradScaler:
+#   parts: base base-gpt2 report notorch matmul gpt2 profile mixed mixed-gpt2 (default: base
+#   report matmul, in order); notorch: report without the PyTorch twin (the small models'
+#   host-bound figures, to compare with base's: PyTorch's CUDA context slows the Vulkan
+#   kernels); mixed / mixed-gpt2: report / gpt2 with --precision mixed (tensorgrad's f16
+#   activations and loss scaling, the torch twin under torch.autocast float16 + GradScaler:
 #   compare with report / gpt2 of the same call);
 #   a part ending in -unchecked (report-unchecked, matmul-unchecked, gpt2-unchecked) runs
 #   with TENSORGRAD_RUNTIME_CHECKS=0 (kernels without bounds checks), its files named so
@@ -24,6 +26,9 @@ for part in "${parts[@]}"; do
   case $part in
     report) timeout 300 python3 bench/report.py --steps 100 --json "$OUT/after$TAG.json" \
               2>&1 | grep -v XDG | tee "$OUT/after$TAG.txt" ;;
+    notorch) timeout 150 python3 bench/report.py --steps 100 --no-torch \
+              --json "$OUT/after_notorch$TAG.json" 2>&1 | grep -v XDG \
+              | tee "$OUT/after_notorch$TAG.txt" ;;
     base) (cd .base && timeout 150 python3 bench/report.py --steps 100 --no-torch \
               --json "$OUT/before.json" 2>&1 | grep -v XDG | tee "$OUT/before.txt") ;;
     base-gpt2) (cd .base && timeout 200 python3 bench/report.py --models gpt2 --no-torch \

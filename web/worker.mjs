@@ -360,6 +360,9 @@ async function start() {
     return;
   }
   handle = pyodide.pyimport("tensorgrad.web.worker").handle;
+  // Ready callbacks in batches, a few browser tasks a step (tensorgrad/web/loop.py); after
+  // Pyodide's own start-up (a restore sets up its event loop again), before any message.
+  pyodide.pyimport("tensorgrad.web.loop").install();
   const protocol = JSON.parse(pyodide.pyimport("tensorgrad.web.protocol").as_json());
   timings.importMs = elapsed() - t0;
   timings.totalMs = elapsed();

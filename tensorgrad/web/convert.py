@@ -7,6 +7,7 @@ memoryviews). Outside Pyodide only :func:`plain` and :func:`flat_buffer` apply.
 
 from __future__ import annotations
 
+import array
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,9 +39,15 @@ _TYPED_ARRAY_NAMES = {"f": "Float32Array", "d": "Float64Array", "b": "Int8Array"
                       "H": "Uint16Array", "I": "Uint32Array", "L": "Uint32Array"}
 
 
+# Python's own types, never a JsProxy: is_js answers for them without asking Pyodide's
+# JsProxy type check (Python code, a few µs a call in the worker's per-step path).
+_PYTHON_TYPES = frozenset({type(None), bool, int, float, str, bytes, bytearray, memoryview,
+                           dict, list, tuple, array.array})
+
+
 def is_js(value: Any) -> bool:
     """Whether `value` is a JS object seen from Python (a JsProxy; never outside Pyodide)."""
-    if not in_pyodide():
+    if type(value) in _PYTHON_TYPES or not in_pyodide():
         return False
     from pyodide.ffi import JsProxy
 
