@@ -205,6 +205,9 @@ class Executable:
     upgrade: Callable[[], list[Kernel]] | None = None
     upgrading: tuple[list[Kernel], Acquiring] | None = None
     ops: Mapping[str, ProgramOp] = field(default_factory=dict)
+    # {node id: what holds it}, filled as looked up (the buffers are fixed once built)
+    _bindings: dict[int, Binding] = field(default_factory=dict, repr=False)
+    _leaves: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)  # node ids
 
     def __post_init__(self) -> None:
         self.inputs = self.graph.inputs
@@ -225,7 +228,11 @@ class Executable:
     def buffer_of(self, node_id: int) -> Binding:
         """What holds node `node_id`: its buffer, or the slice of an arena or of a shared
         buffer it lies in."""
-        return binding(self.buffers, self.plan, self.graph, node_id)
+        found = self._bindings.get(node_id)
+        if found is None:
+            found = self._bindings[node_id] = binding(self.buffers, self.plan, self.graph,
+                                                      node_id)
+        return found
 
     def sentinel_only_input(self, data: Mapping[str, bytes]) -> str:
         """Which index input holds nothing but a use's sentinel ("" when none): every target
@@ -243,8 +250,11 @@ class Executable:
         return ""
 
     def leaf_buffer(self, op: str, name: str) -> Binding:
-        node = self.graph.leaves(op)[name]
-        return self.buffer_of(node.id)
+        """What holds the named leaf of kind `op` ('param', 'input' or 'state')."""
+        node_id = self._leaves.get((op, name))
+        if node_id is None:
+            node_id = self._leaves[op, name] = self.graph.leaves(op)[name].id
+        return self.buffer_of(node_id)
 
     async def run(self, feeds: Mapping[str, bytes], read_captures: bool = True
                   ) -> tuple[HostArray, dict[str, HostArray], bool]:
