@@ -284,11 +284,12 @@ class Executable:
             if name in self.index_bounds:
                 _check_index_range(name, memoryview(data), self.index_bounds[name])
             writes.append((self.buffer_of(node.id), data))
-        extra = set(feeds) - set(inputs)
-        if extra:
-            raise ShapeError("step", f"unknown input(s) {sorted(extra)}; the graph takes "
+        if len(feeds) > len(inputs):  # (every input is there)
+            raise ShapeError("step", f"unknown input(s) {sorted(set(feeds) - set(inputs))}; "
+                             "the graph takes "
                              f"{sorted(n for n in inputs if not n.startswith('_'))}")
-        writes += [(self.leaf_buffer("state", name), data) for name, data in (states or {}).items()]
+        if states:
+            writes += [(self.leaf_buffer("state", name), data) for name, data in states.items()]
         out_node = self.graph[self.output_id]
         reads = [(self.buffer_of(out_node.id), out_node.buffer_bytes)]
         if self.status_id is not None:

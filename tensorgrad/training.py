@@ -320,11 +320,26 @@ class Training(Handle):
 
     async def _finished(self, step: _InFlight, before: _InFlight | None) -> Result:
         """The second part of a step, after its turn: once the step before it is finished
-        (steps finish in call order), its own result (it is then the oldest in flight)."""
+        (steps finish in call order), its result, once its readback is in (it is then the
+        oldest in flight)."""
+        assert step.readback is not None
         try:
             if before is not None:
                 await before.done
-            return await self._finish(step)
+            try:
+                out, caps, applied = await step.readback
+                loss = scalar(out)
+            except BaseException:
+                self._chain_set = None
+                self._pop()
+                raise
+            if applied and math.isfinite(loss):
+                self._t = step.t
+                if self._scaler is not None:
+                    self._scaler.update(overflow=False)
+                self._pop()
+                return Completed(loss=loss, captures=Captures(caps))
+            return await self._finish_skipped(step, loss, caps)
         finally:
             step.done.set_result(None)
             with self._flight_lock:
@@ -338,24 +353,11 @@ class Training(Handle):
         with self._flight_lock:
             self._flight.popleft()
 
-    async def _finish(self, step: _InFlight) -> Result:
-        """The result of the oldest step in flight, once its readback is in; after a skipped
-        step, the steps after it are submitted again (before it leaves the flight: a step
-        submitted meanwhile is one of them)."""
-        assert step.readback is not None
-        try:
-            out, caps, applied = await step.readback
-            loss = scalar(out)
-        except BaseException:
-            self._chain_set = None
-            self._pop()
-            raise
-        if applied and math.isfinite(loss):
-            self._t = step.t
-            if self._scaler is not None:
-                self._scaler.update(overflow=False)
-            self._pop()
-            return Completed(loss=loss, captures=Captures(caps))
+    async def _finish_skipped(self, step: _InFlight, loss: float, caps: Mapping[str, Any]
+                              ) -> Result:
+        """The result of the oldest step in flight, skipped on the GPU; the steps after it
+        are submitted again (before it leaves the flight: a step submitted meanwhile is one
+        of them)."""
         self._chain_set = None  # the step left 0 there (as do those after it, skipped)
         async with self._submitting:
             try:
