@@ -208,6 +208,8 @@ class Executable:
     # {node id: what holds it}, filled as looked up (the buffers are fixed once built)
     _bindings: dict[int, Binding] = field(default_factory=dict, repr=False)
     _leaves: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)  # node ids
+    _read_lists: dict[bool, tuple[Sequence[tuple[Binding, int]], Sequence[tuple[str, int]]]] = (
+        field(default_factory=dict, repr=False))
 
     def __post_init__(self) -> None:
         self.inputs = self.graph.inputs
@@ -290,12 +292,7 @@ class Executable:
                              f"{sorted(n for n in inputs if not n.startswith('_'))}")
         if states:
             writes += [(self.leaf_buffer("state", name), data) for name, data in states.items()]
-        out_node = self.graph[self.output_id]
-        reads = [(self.buffer_of(out_node.id), out_node.buffer_bytes)]
-        if self.status_id is not None:
-            reads.append((self.buffer_of(self.status_id), 4))
-        captures = list(self.graph.captures.items()) if read_captures else []
-        reads += [(self.buffer_of(i), self.graph[i].buffer_bytes) for _, i in captures]
+        reads, captures = self._reads(read_captures)
         async with self.lock:
             if self.destroyed:
                 raise AbortError("graph destroyed")
@@ -306,8 +303,23 @@ class Executable:
                 self._start_upgrade()
         return self._unpack(readback, captures)
 
+    def _reads(self, captures: bool) -> tuple[Sequence[tuple[Binding, int]],
+                                              Sequence[tuple[str, int]]]:
+        """What a run reads back: the output, the step guard's flag, the captures if asked
+        (with their names and nodes); made once each way."""
+        found = self._read_lists.get(captures)
+        if found is None:
+            out_node = self.graph[self.output_id]
+            reads = [(self.buffer_of(out_node.id), out_node.buffer_bytes)]
+            if self.status_id is not None:
+                reads.append((self.buffer_of(self.status_id), 4))
+            named = list(self.graph.captures.items()) if captures else []
+            reads += [(self.buffer_of(i), self.graph[i].buffer_bytes) for _, i in named]
+            found = self._read_lists[captures] = (tuple(reads), tuple(named))
+        return found
+
     async def _unpack(self, readback: Awaitable[list[memoryview]],
-                      captures: list[tuple[str, int]]) -> Ran:
+                      captures: Sequence[tuple[str, int]]) -> Ran:
         got = await readback
         out_node = self.graph[self.output_id]
         out = from_bytes(got[0], out_node.shape, out_node.dtype)

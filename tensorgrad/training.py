@@ -263,7 +263,8 @@ class Training(Handle):
         exe = step.exe
         states = _NO_STATES
         if fresh:
-            self._next_t, self._next_scaler = self._t, copy.copy(self._scaler)
+            self._next_t = self._t
+            self._next_scaler = None if self._scaler is None else copy.copy(self._scaler)
             if self._chain_set is not exe:
                 states = _CHAIN_WRITE
         t = self._next_t + 1
