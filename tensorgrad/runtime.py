@@ -205,6 +205,11 @@ class Executable:
     upgrade: Callable[[], list[Kernel]] | None = None
     upgrading: tuple[list[Kernel], Acquiring] | None = None
     ops: Mapping[str, ProgramOp] = field(default_factory=dict)
+    # {node id: what holds it}, filled as looked up (the buffers are fixed once built)
+    _bindings: dict[int, Binding] = field(default_factory=dict, repr=False)
+    _leaves: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)  # node ids
+    _read_lists: dict[bool, tuple[Sequence[tuple[Binding, int]], Sequence[tuple[str, int]]]] = (
+        field(default_factory=dict, repr=False))
 
     def __post_init__(self) -> None:
         self.inputs = self.graph.inputs
@@ -225,7 +230,11 @@ class Executable:
     def buffer_of(self, node_id: int) -> Binding:
         """What holds node `node_id`: its buffer, or the slice of an arena or of a shared
         buffer it lies in."""
-        return binding(self.buffers, self.plan, self.graph, node_id)
+        found = self._bindings.get(node_id)
+        if found is None:
+            found = self._bindings[node_id] = binding(self.buffers, self.plan, self.graph,
+                                                      node_id)
+        return found
 
     def sentinel_only_input(self, data: Mapping[str, bytes]) -> str:
         """Which index input holds nothing but a use's sentinel ("" when none): every target
@@ -243,8 +252,11 @@ class Executable:
         return ""
 
     def leaf_buffer(self, op: str, name: str) -> Binding:
-        node = self.graph.leaves(op)[name]
-        return self.buffer_of(node.id)
+        """What holds the named leaf of kind `op` ('param', 'input' or 'state')."""
+        node_id = self._leaves.get((op, name))
+        if node_id is None:
+            node_id = self._leaves[op, name] = self.graph.leaves(op)[name].id
+        return self.buffer_of(node_id)
 
     async def run(self, feeds: Mapping[str, bytes], read_captures: bool = True
                   ) -> tuple[HostArray, dict[str, HostArray], bool]:
@@ -274,17 +286,13 @@ class Executable:
             if name in self.index_bounds:
                 _check_index_range(name, memoryview(data), self.index_bounds[name])
             writes.append((self.buffer_of(node.id), data))
-        extra = set(feeds) - set(inputs)
-        if extra:
-            raise ShapeError("step", f"unknown input(s) {sorted(extra)}; the graph takes "
+        if len(feeds) > len(inputs):  # (every input is there)
+            raise ShapeError("step", f"unknown input(s) {sorted(set(feeds) - set(inputs))}; "
+                             "the graph takes "
                              f"{sorted(n for n in inputs if not n.startswith('_'))}")
-        writes += [(self.leaf_buffer("state", name), data) for name, data in (states or {}).items()]
-        out_node = self.graph[self.output_id]
-        reads = [(self.buffer_of(out_node.id), out_node.buffer_bytes)]
-        if self.status_id is not None:
-            reads.append((self.buffer_of(self.status_id), 4))
-        captures = list(self.graph.captures.items()) if read_captures else []
-        reads += [(self.buffer_of(i), self.graph[i].buffer_bytes) for _, i in captures]
+        if states:
+            writes += [(self.leaf_buffer("state", name), data) for name, data in states.items()]
+        reads, captures = self._reads(read_captures)
         async with self.lock:
             if self.destroyed:
                 raise AbortError("graph destroyed")
@@ -295,8 +303,23 @@ class Executable:
                 self._start_upgrade()
         return self._unpack(readback, captures)
 
+    def _reads(self, captures: bool) -> tuple[Sequence[tuple[Binding, int]],
+                                              Sequence[tuple[str, int]]]:
+        """What a run reads back: the output, the step guard's flag, the captures if asked
+        (with their names and nodes); made once each way."""
+        found = self._read_lists.get(captures)
+        if found is None:
+            out_node = self.graph[self.output_id]
+            reads = [(self.buffer_of(out_node.id), out_node.buffer_bytes)]
+            if self.status_id is not None:
+                reads.append((self.buffer_of(self.status_id), 4))
+            named = list(self.graph.captures.items()) if captures else []
+            reads += [(self.buffer_of(i), self.graph[i].buffer_bytes) for _, i in named]
+            found = self._read_lists[captures] = (tuple(reads), tuple(named))
+        return found
+
     async def _unpack(self, readback: Awaitable[list[memoryview]],
-                      captures: list[tuple[str, int]]) -> Ran:
+                      captures: Sequence[tuple[str, int]]) -> Ran:
         got = await readback
         out_node = self.graph[self.output_id]
         out = from_bytes(got[0], out_node.shape, out_node.dtype)

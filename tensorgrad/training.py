@@ -11,7 +11,6 @@ import math
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import describe
@@ -41,7 +40,10 @@ if TYPE_CHECKING:
 
 MAX_IN_FLIGHT = 4
 """Steps submitted and not yet finished, at most: a step beyond waits for the oldest."""
-_CHAIN_FRESH, _CHAIN_SKIP = scalar_bytes(1.0, "f32"), scalar_bytes(0.0, "f32")
+# The chain flag's writes before a step: none, 1 (a fresh step), 0 (a forced skip).
+_NO_STATES: Mapping[str, bytes] = {}
+_CHAIN_WRITE = {STEP_CHAIN: scalar_bytes(1.0, "f32")}
+_CHAIN_FORCE_SKIP = {STEP_CHAIN: scalar_bytes(0.0, "f32")}
 
 
 class Training(Handle):
@@ -81,6 +83,9 @@ class Training(Handle):
         self._submitting = CallQueue()  # one submission at a time (steps, resubmissions)
         self._next_t = 0
         self._next_scaler: LossScaler | None = None
+        # The executable whose chain flag is known to be 1 before the next fresh step (the
+        # last step of it ran and was applied, or the flag was written): None when unsure.
+        self._chain_set: Executable | None = None
         self._queue.settle = self._settle
 
     def _build(self, model: Module, optimizer: OptimizerConfig, seed: int | None) -> None:
@@ -222,27 +227,46 @@ class Training(Handle):
     # skip, when later steps overwrote its gradients) and submits the steps after it again
     # with the right scalars, the same data and PRNG seed: the results are those of steps
     # awaited one by one, bit for bit. Other calls settle the flight first.
+    # A step submitted with none in flight (each step awaited before the next call, the
+    # common case) is fresh: it needs no room, no submission turn (no resubmission can run:
+    # that is a step in flight finishing), and it writes the chain flag only when the host
+    # does not know it is 1 (after a skipped step, a failure, on a new executable).
     async def _step(self, shapes: Shapes, data: dict[str, bytes]) -> Awaitable[Result]:
         exe = self._exe
         if exe is None:
             raise AbortError("no graph")
         loop = asyncio.get_running_loop()
-        await self._make_room(loop)
+        if self._flight:
+            await self._make_room(loop)
         feeds = dict(data)
         self._feed_seed(exe, feeds)
-        step = _InFlight(exe, data, feeds, loop, loop.create_future())
-        async with self._submitting:
-            await self._submit(step, fresh=not self._flight)
-            with self._flight_lock:
-                before = self._flight[-1] if self._flight else None
-                self._flight.append(step)
+        step = _InFlight(exe, data, feeds, loop)
+        if self._flight:
+            async with self._submitting:
+                await self._submit(step, fresh=not self._flight)
+                before = self._enter(step)
+        else:
+            await self._submit(step, fresh=True)
+            before = self._enter(step)
         return self._finished(step, before)
+
+    def _enter(self, step: _InFlight) -> _InFlight | None:
+        """Put submitted `step` in the flight; the step before it there, if any."""
+        with self._flight_lock:
+            before = self._flight[-1] if self._flight else None
+            self._flight.append(step)
+        return before
 
     async def _submit(self, step: _InFlight, fresh: bool) -> None:
         """Submit `step` as the next after those in flight (`fresh`: none is, the host's
-        counts are exact and the chain flag is set to 1)."""
+        counts are exact and the chain flag is 1, written first unless known to be)."""
+        exe = step.exe
+        states = _NO_STATES
         if fresh:
-            self._next_t, self._next_scaler = self._t, copy.copy(self._scaler)
+            self._next_t = self._t
+            self._next_scaler = None if self._scaler is None else copy.copy(self._scaler)
+            if self._chain_set is not exe:
+                states = _CHAIN_WRITE
         t = self._next_t + 1
         scalars = self._opt.host_scalars(self._lr, t)
         if self._next_scaler is not None:
@@ -250,8 +274,13 @@ class Training(Handle):
         feeds = dict(step.feeds)
         for name, value in scalars.items():
             feeds[name] = scalar_bytes(value, "f32")
-        step.readback = await step.exe.submit(feeds,
-                                              states={STEP_CHAIN: _CHAIN_FRESH} if fresh else {})
+        try:
+            step.readback = await exe.submit(feeds, states=states)
+        except BaseException:
+            self._chain_set = None  # (the step may have run)
+            raise
+        if states:
+            self._chain_set = exe
         step.t, step.submitted = t, feeds
         self._next_t = t
         if self._next_scaler is not None:
@@ -270,32 +299,54 @@ class Training(Handle):
                     wait = self._flight[0]
                 else:
                     return
-            if wait.loop is loop:
+                settled = None if wait.loop is loop else wait.settled()
+            if settled is None:
                 await wait.done
             else:
-                await asyncio.wrap_future(wait.settled)
+                await asyncio.wrap_future(settled)
 
     async def _settle(self) -> None:
         """Wait until every step in flight is finished (before any other call runs)."""
-        with self._flight_lock:
-            last = self._flight[-1] if self._flight else None
-        if last is None:
+        if not self._flight:
             return
-        if last.loop is asyncio.get_running_loop():
+        with self._flight_lock:
+            if not self._flight:
+                return
+            last = self._flight[-1]
+            settled = None if last.loop is asyncio.get_running_loop() else last.settled()
+        if settled is None:
             await last.done
         else:
-            await asyncio.wrap_future(last.settled)
+            await asyncio.wrap_future(settled)
 
     async def _finished(self, step: _InFlight, before: _InFlight | None) -> Result:
         """The second part of a step, after its turn: once the step before it is finished
-        (steps finish in call order), its own result (it is then the oldest in flight)."""
+        (steps finish in call order), its result, once its readback is in (it is then the
+        oldest in flight)."""
+        assert step.readback is not None
         try:
             if before is not None:
                 await before.done
-            return await self._finish(step)
+            try:
+                out, caps, applied = await step.readback
+                loss = scalar(out)
+            except BaseException:
+                self._chain_set = None
+                self._pop()
+                raise
+            if applied and math.isfinite(loss):
+                self._t = step.t
+                if self._scaler is not None:
+                    self._scaler.update(overflow=False)
+                self._pop()
+                return Completed(loss=loss, captures=Captures(caps))
+            return await self._finish_skipped(step, loss, caps)
         finally:
             step.done.set_result(None)
-            step.settled.set_result(None)
+            with self._flight_lock:
+                settled, step.finished = step.waited, True
+            if settled is not None:
+                settled.set_result(None)
 
     def _pop(self) -> None:
         """The oldest step in flight is finished (the host's counts include it): out of the
@@ -303,28 +354,16 @@ class Training(Handle):
         with self._flight_lock:
             self._flight.popleft()
 
-    async def _finish(self, step: _InFlight) -> Result:
-        """The result of the oldest step in flight, once its readback is in; after a skipped
-        step, the steps after it are submitted again (before it leaves the flight: a step
-        submitted meanwhile is one of them)."""
-        assert step.readback is not None
-        try:
-            out, caps, applied = await step.readback
-            loss = scalar(out)
-        except BaseException:
-            self._pop()
-            raise
-        if applied and math.isfinite(loss):
-            self._t = step.t
-            if self._scaler is not None:
-                self._scaler.update(overflow=False)
-            self._pop()
-            return Completed(loss=loss, captures=Captures(caps))
+    async def _finish_skipped(self, step: _InFlight, loss: float, caps: Mapping[str, Any]
+                              ) -> Result:
+        """The result of the oldest step in flight, skipped on the GPU; the steps after it
+        are submitted again (before it leaves the flight: a step submitted meanwhile is one
+        of them)."""
+        self._chain_set = None  # the step left 0 there (as do those after it, skipped)
         async with self._submitting:
             try:
                 if len(self._flight) > 1:  # later steps overwrote its gradients: again
-                    await (await step.exe.submit(step.submitted,
-                                                 states={STEP_CHAIN: _CHAIN_SKIP}))
+                    await (await step.exe.submit(step.submitted, states=_CHAIN_FORCE_SKIP))
                 return await self._skipped_result(step, loss, caps)
             finally:
                 await self._resubmit_after(step)
@@ -503,21 +542,33 @@ class Training(Handle):
         self._exe = self._store = None
 
 
-@dataclass(eq=False)
 class _InFlight:
     """A step submitted whose result is not in yet: its executable, the user's bytes, its
-    feeds but the per-step scalars (the PRNG seed included), the event loop it was called in;
-    once submitted, its readback, step counter and whole feeds."""
+    feeds but the per-step scalars (the PRNG seed included), the event loop it was called in
+    and a future of its end there (`done`); once submitted, its readback, step counter and
+    whole feeds. A waiter in another thread asks for :meth:`settled` (under the flight
+    lock), which the step's end resolves too."""
 
-    exe: Executable
-    data: dict[str, bytes]
-    feeds: dict[str, bytes]
-    loop: asyncio.AbstractEventLoop
-    done: asyncio.Future[None]  # finished (in its loop; `settled` from any thread)
-    settled: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
-    readback: Awaitable[Ran] | None = None
-    t: int = 0
-    submitted: dict[str, bytes] = field(default_factory=dict)
+    __slots__ = ("data", "done", "exe", "feeds", "finished", "loop", "readback", "submitted",
+                 "t", "waited")
+
+    def __init__(self, exe: Executable, data: dict[str, bytes], feeds: dict[str, bytes],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.exe, self.data, self.feeds, self.loop = exe, data, feeds, loop
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.readback: Awaitable[Ran] | None = None
+        self.t = 0
+        self.submitted: dict[str, bytes] = {}
+        self.finished = False  # (under the flight lock)
+        self.waited: concurrent.futures.Future[None] | None = None
+
+    def settled(self) -> concurrent.futures.Future[None]:
+        """A future of its end for any thread (called under the flight lock)."""
+        if self.waited is None:
+            self.waited = concurrent.futures.Future()
+            if self.finished:
+                self.waited.set_result(None)
+        return self.waited
 
 
 def _fixed_shape(decl: InputDecl) -> tuple[int, ...]:

@@ -499,16 +499,23 @@ class NativeDevice:
                 self.queue.submit([command_buffer])
         return self._readback(pending, planned, nbytes)
 
-    @_loss_checked
     async def _readback(self, pending: deque[tuple[Any, Any]],
                         planned: list[tuple[Any, int, int, Any]],
                         nbytes: list[int]) -> list[memoryview]:
-        """The rest of a submitted step: its remaining waits, then its reads mapped."""
-        while pending:
-            await self._wait(*pending.popleft())
-        if not planned:
-            return []
-        return await self._map_and_read(planned, nbytes)
+        """The rest of a submitted step: its remaining waits, then its reads mapped (the
+        device loss check of :func:`_loss_checked` inline: one coroutine less a step)."""
+        self._raise_if_lost()
+        try:
+            while pending:
+                await self._wait(*pending.popleft())
+            if not planned:
+                return []
+            return await self._map_and_read(planned, nbytes)
+        except DeviceLostError:
+            raise
+        except Exception as err:
+            self._note_loss(err)
+            raise
 
     @_loss_checked
     async def read_buffers(self, reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:

@@ -244,3 +244,68 @@ def test_an_overflowing_batch_among_steps_in_flight_is_told_from_its_own_gradien
     for key in ("outcomes", "params", "t", "scale", "skipped"):
         assert pipelined[key] == awaited[key], key
     assert pipelined["submits"] > awaited["submits"] == 10
+
+
+def test_awaited_steps_and_steps_in_flight_interleaved_match_awaited_steps(gpu_device) -> None:
+    """Steps awaited one by one (each submitted with none in flight, the fresh path) and
+    bursts of steps in flight, one burst and one awaited step with a NaN batch, give the
+    outcomes, params and step counter of steps all awaited one by one."""
+    nan = {4, 9}
+    batches = [_batch(k, nan=k in nan) for k in range(14)]
+    groups = [[0], [1, 2], [3, 4, 5, 6], [7], [8], [9], [10, 11, 12], [13]]
+
+    async def go(interleaved: bool) -> dict[str, Any]:
+        optimizer = tg.optim.Adam(lr=tg.lr.cosine_annealing(0.05, 0.001, 12))
+        train = await _compile(gpu_device, optimizer)
+        try:
+            results: list[tg.Result] = []
+            for group in groups:
+                if interleaved and len(group) > 1:
+                    results += await asyncio.gather(*[train.step(**batches[k]) for k in group])
+                else:
+                    results += [await train.step(**batches[k]) for k in group]
+            return {"outcomes": [_outcome(r) for r in results], "t": train.step_count,
+                    "params": bits(await train.download_params())}
+        finally:
+            train.destroy()
+
+    awaited, interleaved = run(go(False)), run(go(True))
+    assert [o[0] for o in awaited["outcomes"]] == [
+        "failed" if k in nan else "completed" for k in range(14)]
+    assert awaited["t"] == 12
+    assert interleaved == awaited
+
+
+def test_an_awaited_step_writes_the_chain_flag_only_after_a_skipped_step(gpu_device) -> None:
+    """The step guard's chain flag is 1 after an applied step, so a step submitted with
+    none in flight writes it (1.0) only when the host does not know that: after a skipped
+    step. The steps after an applied one write just their inputs."""
+    from tensorgrad.update import STEP_CHAIN
+
+    async def go() -> list[list[bytes]]:
+        train = await _compile(gpu_device, tg.optim.Adam(lr=0.01))
+        chain = train._exe.leaf_buffer("state", STEP_CHAIN)
+        written: list[bytes] = []
+        write_buffer = gpu_device.write_buffer
+
+        def watched(buffer: Any, data: Any, offset: int = 0) -> None:
+            if buffer is chain:
+                written.append(bytes(memoryview(data)))
+            write_buffer(buffer, data, offset)
+
+        gpu_device.write_buffer = watched
+        per_step: list[list[bytes]] = []
+        try:
+            for k in range(6):
+                result = await train.step(**_batch(k, nan=k == 3))
+                assert result.kind == ("failed" if k == 3 else "completed"), result
+                per_step.append(list(written))
+                written.clear()
+        finally:
+            del gpu_device.write_buffer
+            train.destroy()
+        return per_step
+
+    per_step = run(go())
+    one = np.float32(1.0).tobytes()
+    assert per_step[1:] == [[], [], [], [one], []], per_step

@@ -136,6 +136,35 @@ def test_a_step_with_its_gradient_arena_in_the_pool_matches_evaluate(optimizer) 
                                    err_msg=graph[node_id].describe())
 
 
+def test_a_zero_fill_opens_the_step_unless_a_node_before_its_pack_has_bytes_there() -> None:
+    """A pack's padding is zeroed at the step's start (before any compute pass, so its copy
+    splits none) where no node before the pack has bytes there, else once the nodes before
+    the pack have run; either way the simulated step (pool starting as NaN garbage) gives
+    the reference values."""
+    from tensorgrad.compiler import LAYOUT_OPS
+
+    seen = set()
+    for depth, width in [(5, 7), (3, 5), (8, 3)]:
+        graph, grads, opt = training_graph(depth=depth, width=width, arena=True,
+                                           optimizer=optim.AdamW(0.01, clip_grad_norm=1.0))
+        plan = plan_buffers(graph, grads=grads, writebacks=opt.writebacks,
+                            layout_ops=LAYOUT_OPS)
+        for f in plan.zero_fills:
+            pack = next(p for p in plan.packed if plan.node_buffer[p] == f.dst and
+                        plan.node_offset[p] <= f.offset < plan.node_offset[p]
+                        + graph[p].buffer_bytes)
+            before = [i for i in range(pack) if i not in plan.views and
+                      plan.node_buffer[i] == f.dst and plan.node_offset[i] < f.offset + f.size
+                      and plan.node_offset[i] + graph[i].buffer_bytes > f.offset]
+            assert f.at == (pack if before else 0), (f, pack, before)
+            seen.add(f.at == 0)
+        want = evaluate(graph, feeds_for(graph))
+        for node_id, value in simulate(graph, plan, feeds_for(graph)).items():
+            np.testing.assert_allclose(value, want[node_id], rtol=1e-6, atol=1e-7,
+                                       err_msg=graph[node_id].describe())
+    assert seen == {True, False}
+
+
 def test_reshapes_are_views_of_their_input_unless_they_need_their_own_buffer() -> None:
     with tracing() as st:
         x = leaf("input", "x", (4, 6))
