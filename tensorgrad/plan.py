@@ -76,9 +76,8 @@ class ZeroFill:
     `at` have run: the padding between the tensors of a pack in the pool, which the readers
     of the whole arena (the optimizer's norms and updates) read as zeros (a dedicated buffer
     is created zeroed; the pool holds what earlier tensors left). `at` is the pack, or 0
-    where no node before it has bytes there (the copy then opens the step, before any
-    compute pass, instead of ending one and beginning another: the same bytes where the
-    pack is read, at less host cost per step)."""
+    where no node before it has bytes there: the copy then opens the step instead of
+    splitting a compute pass (the same bytes where the pack is read, less host cost)."""
 
     at: int
     dst: int
