@@ -40,7 +40,7 @@ def loop_class() -> type:
     from pyodide.ffi import create_once_callable
     from pyodide.webloop import WebLoop
 
-    class BatchedWebLoop(WebLoop):  # type: ignore[misc, valid-type]
+    class BatchedWebLoop(WebLoop):  # type: ignore[misc]
         """WebLoop whose ``call_soon`` callbacks run in batches, one browser task each."""
 
         def __init__(self) -> None:
@@ -73,29 +73,31 @@ def loop_class() -> type:
                 while ready:
                     handle = ready.popleft()
                     if not handle.cancelled():
-                        self._run_handle(handle)
+                        _run_handle(self, handle)
                     if time.perf_counter() > deadline:
                         break
             finally:
                 if ready and not self._batch_scheduled:
                     self._schedule_batch()
 
-        def _run_handle(self, handle: asyncio.Handle) -> None:
-            """As WebLoop's own: SystemExit and KeyboardInterrupt go to its handlers."""
-            try:
-                handle._run()
-            except SystemExit as exc:
-                if self._system_exit_handler:
-                    self._system_exit_handler(exc.code)
-                else:
-                    raise
-            except KeyboardInterrupt:
-                if self._keyboard_interrupt_handler:
-                    self._keyboard_interrupt_handler()
-                else:
-                    raise
-
     return BatchedWebLoop
+
+
+def _run_handle(loop: Any, handle: asyncio.Handle) -> None:
+    """Run one callback as WebLoop does: SystemExit and KeyboardInterrupt go to its
+    handlers."""
+    try:
+        handle._run()
+    except SystemExit as exc:
+        if loop._system_exit_handler:
+            loop._system_exit_handler(exc.code)
+        else:
+            raise
+    except KeyboardInterrupt:
+        if loop._keyboard_interrupt_handler:
+            loop._keyboard_interrupt_handler()
+        else:
+            raise
 
 
 def install() -> asyncio.AbstractEventLoop | None:
