@@ -100,26 +100,27 @@ def _run_handle(loop: Any, handle: asyncio.Handle) -> None:
             raise
 
 
-def install() -> asyncio.AbstractEventLoop | None:
+def install() -> bool:
     """Make Pyodide's event loop a :class:`BatchedWebLoop` (the worker calls it once it has
-    started, before any message); the loop, or None outside Pyodide (CPython keeps its own).
+    started, before any message); whether it is one now (False outside Pyodide: CPython
+    keeps its own loop). A bool, so the JS caller holds no proxy of the loop.
 
     The loop object stays the same, its class changes: Pyodide registered it as the policy's
     loop and as the running loop, and each WebLoop claims the running-loop slot whenever it
     runs a callback, so a second loop would share the slot with the first and tasks and
     futures could end up on two loops."""
     if not in_pyodide():
-        return None
+        return False
     import asyncio.events
 
     from pyodide.webloop import WebLoop
 
     loop = asyncio.events._get_running_loop() or asyncio.get_event_loop_policy().get_event_loop()
     if not isinstance(loop, WebLoop):
-        return None
+        return False
     cls = loop_class()
     if not isinstance(loop, cls):
         loop._ready = deque()
         loop._batch_scheduled = False
         loop.__class__ = cls
-    return loop
+    return True

@@ -115,7 +115,7 @@ class FieldType:
 
 
 def _is_record(value: Any) -> bool:
-    return type(value) is dict or (isinstance(value, Mapping) and not is_js(value))
+    return isinstance(value, Mapping) and not is_js(value)
 
 
 def _is_integer(value: Any) -> bool:
