@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 import tensorgrad as tg
 from tensorgrad.codegen.kernel import Target
 from tensorgrad.compiler import Options, Request, compile_graph
+from tensorgrad.ops import OPS
 from tensorgrad.runtime import dispatch_label
 from tests.models import DeepMLP, TinyMLP, demo
 
@@ -91,7 +92,7 @@ def graphs() -> Iterator[tuple[str, Request]]:
 def count(request: Request, target: Target) -> dict[str, Any]:
     """The kernel count and the dispatch labels (by kind) of `request` compiled for `target`."""
     c = compile_graph(request, Options(target=target), until="emit")
-    labels = [dispatch_label(n) for n, k in zip(c.graph.nodes, c.kernels) if k.threads > 0]
+    labels = [dispatch_label(n, OPS) for n, k in zip(c.graph.nodes, c.kernels) if k.threads > 0]
     return {"kernels": len(labels), "labels": dict(sorted(Counter(labels).items())),
             "ir_sha1": hashlib.sha1(str(c.graph).encode()).hexdigest()[:12]}
 

@@ -62,7 +62,8 @@ def test_large_default_variants(gpu_device, case: Case, spec: MatmulSpec, want: 
 
 def test_large_cpu_target_variants(gpu_device) -> None:
     """A software target (CPU rasterisers): the largest register block that pads the output
-    by at most MAX_PADDING and leaves at least two workgroups; naive for a row vector."""
+    by at most MAX_PADDING and leaves at least two workgroups (column or row blocks for a
+    matrix-vector product); naive for a dot product."""
     assert choose_variant(MatmulSpec(1, 600, 200, 260), False) == "regs8x8vk"
     assert choose_variant(MatmulSpec(1, 600, 200, 260, ta=True), False) == "regs8x8vk"
     # 4 rows (or columns) pad 2x under 8-high (8-wide) blocks, not under 4-high (4-wide) ones
@@ -72,12 +73,19 @@ def test_large_cpu_target_variants(gpu_device) -> None:
     assert choose_variant(MatmulSpec(1, 32, 64, 32), False) == "regs4x4vk"
     # attention-shaped batches: many small slices
     assert choose_variant(MatmulSpec(512, 8, 16, 8), False) == "regs8x8vk"
+    # matrix-vector products take column (row) blocks
+    assert choose_variant(MatmulSpec(1, 256, 64, 1), False) == "regs4x1vk"
+    assert choose_variant(MatmulSpec(1, 64, 256, 1, ta=True), False) == "regs8x1vk"
+    assert choose_variant(MatmulSpec(1, 1, 256, 64, ta=True), False) == "regs1x8vk"
     assert choose_variant(MatmulSpec(1, 1, 300, 1), False) == "naive"
     # a K past lavapipe's loop budget (65,535 iterations per invocation)
     assert choose_variant(MatmulSpec(1, 4, 40_000, 4, ta=True), False) == "tiled1"
     target = Target(limits=gpu_device.limits, software=True)
     check(gpu_device, LARGE[1][0], target=target)
     check(gpu_device, Case("matmul", tg.matmul, [Arg((8, 700)), Arg((700, 50))]), target=target)
+    check(gpu_device, Case("matmul", tg.matmul, [Arg((256, 64)), Arg((64, 1))]), target=target)
+    check(gpu_device, Case("matmul", lambda a, b: mm(a, b, True, False),
+                           [Arg((256, 1)), Arg((256, 64))]), target=target)
     check(gpu_device, Case("matmul", lambda a, b: mm(a, b, True, False),
                            [Arg((150_000, 4)), Arg((150_000, 3))], grad=False), target=target)
 

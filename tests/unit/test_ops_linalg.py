@@ -140,7 +140,8 @@ def test_reference_float64() -> None:
     (MatmulSpec(1, 1024, 1024, 1024), False, "regs8x8vk"),
     (MatmulSpec(1, 8, 512, 512), False, "regs8x8vk"),
     (MatmulSpec(1, 64, 16384, 64), False, "regs8x8vk"),
-    (MatmulSpec(1, 1, 512, 512), False, "naive"),      # a row: every block pads 4x or more
+    (MatmulSpec(1, 1, 512, 512), False, "regs1x8vk"),  # a row: row blocks, no padding
+    (MatmulSpec(1, 1, 512, 1), False, "naive"),        # a dot product: every block pads
 ])
 def test_variant_choice(spec: MatmulSpec, tiled: bool, want: str) -> None:
     assert choose_variant(spec, tiled) == want
