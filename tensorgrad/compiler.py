@@ -111,6 +111,17 @@ class Options:
         such as split-K, are off there)."""
         return self.target is None or not self.target.software
 
+    @property
+    def stitch_for_gpu(self) -> bool:
+        """Whether the stitching pass runs for a GPU (or no target)."""
+        return self.fuse and self.parallel_gpu
+
+    @property
+    def stitch_for_software(self) -> bool:
+        """Whether the stitching pass runs for a CPU-emulated GPU (see
+        :attr:`tensorgrad.ops.registry.Stitch.software_permutes`)."""
+        return self.fuse and not self.parallel_gpu
+
     @staticmethod
     def for_device(device: GPUDevice, **kwargs: Any) -> Options:
         return Options(device=device, limits=device.limits,

@@ -54,11 +54,15 @@ class Stitch:
     caps the arithmetic nodes of such a program (a kernel that reads each element many times,
     a matmul, recomputes it at every read; None: no cap). `epilogue`: the kernel writes each
     output element once, as `out[index] = value;`, and never reads `out`, so an elementwise
-    consumer can be applied to the value as it is written."""
+    consumer can be applied to the value as it is written. `software_permutes`: False where
+    a permute read through a prologue costs a software target (lavapipe, SwiftShader) more
+    than a kernel of its own that stores the permuted tensor: the index arithmetic of every
+    read (a plain matmul's register blocks read each element N / bn times)."""
 
     prologue: tuple[int, ...] = ()
     prologue_ops: int | None = None
     epilogue: bool = False
+    software_permutes: bool = True
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from ..ir import Graph
@@ -51,7 +52,10 @@ PASSES: list[Pass] = [
     Pass("mark zero triangles of matmul operands", "after_optimizer", mark_zero_triangles),
     Pass("fuse elementwise chains", "after_optimizer", fuse_elementwise, option="fuse"),
     Pass("stitch prologues and epilogues into kernels", "after_optimizer", stitch_kernels,
-         option="fuse"),
+         option="stitch_for_gpu"),
+    Pass("stitch prologues and epilogues into kernels, for a CPU-emulated GPU",
+         "after_optimizer", partial(stitch_kernels, software=True),
+         option="stitch_for_software"),
     # Last: the buffer plan must be able to place every arena member.
     Pass("copy arena members the plan cannot place", "after_optimizer", separate_pack_members),
 ]

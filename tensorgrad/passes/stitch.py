@@ -44,13 +44,22 @@ def _arithmetic(node: Node) -> int:
     return 0 if node.op in (*LAYOUT_OPS, "broadcast_to") else 1
 
 
+def _permutes(node: Node) -> bool:
+    """Whether `node` is or holds a permute."""
+    if node.op == "fused":
+        return any(n.op == "permute" for n in node.attrs["program"].nodes)
+    return node.op == "permute"
+
+
 def _prologue(graph: Graph, core: Node, slot: int, users: list[list[int]],
-              blocked: set[int], max_ops: int | None) -> tuple[set[int], set[int]]:
+              blocked: set[int], max_ops: int | None, permutes: bool = True
+              ) -> tuple[set[int], set[int]]:
     """The nodes that compute input `slot` of `core` and can move into its kernel, and which
     of them are copies (both empty: none). A node moves when only the core (once) or other
     moving nodes read it. Layout nodes (permutes, reshapes) are copied as well when others
     read them: they cost nothing to recompute, and stay only for readers that still need
-    them (so the permutes of q, k and v go into each attention matmul that reads them)."""
+    them (so the permutes of q, k and v go into each attention matmul that reads them).
+    `permutes`: False keeps every node that is or holds a permute out."""
     start = core.inputs[slot]
     if core.inputs.count(start) != 1:
         return set(), set()
@@ -61,7 +70,8 @@ def _prologue(graph: Graph, core: Node, slot: int, users: list[list[int]],
     while frontier:
         i, below_copy = frontier.pop()
         node = graph[i]
-        if i in group or i in blocked or not _inlinable(node):
+        if i in group or i in blocked or not _inlinable(node) or \
+                not permutes and _permutes(node):
             continue
         owned = all(u in group and u not in copied or (u == core.id and i == start)
                     for u in users[i])
@@ -106,10 +116,11 @@ def _epilogue(graph: Graph, core: Node, users: list[list[int]], blocked: set[int
     return consumer.id
 
 
-def stitch_kernels(graph: Graph, protected: Iterable[int], max_inputs: int = MAX_INPUTS
-                   ) -> tuple[Graph, dict[int, int]]:
+def stitch_kernels(graph: Graph, protected: Iterable[int], max_inputs: int = MAX_INPUTS,
+                   software: bool = False) -> tuple[Graph, dict[int, int]]:
     """A new graph with prologues and epilogues merged into the kernels that allow them;
-    returns it and the map old id -> new id of every surviving node."""
+    returns it and the map old id -> new id of every surviving node. `software`: for a
+    CPU-emulated GPU (no permutes into the kernels whose Stitch refuses them there)."""
     protected = set(protected) | set(graph.outputs) | set(graph.captures.values())
     users = graph.users()
     taken: set[int] = set()  # nodes that live on only inside a merged node
@@ -122,7 +133,8 @@ def stitch_kernels(graph: Graph, protected: Iterable[int], max_inputs: int = MAX
         for slot in stitch.prologue:
             if slot < len(core.inputs):
                 group, copied = _prologue(graph, core, slot, users, protected | taken,
-                                          stitch.prologue_ops)
+                                          stitch.prologue_ops,
+                                          stitch.software_permutes or not software)
                 members |= group
                 copies |= copied
         if stitch.epilogue and core.id not in protected:

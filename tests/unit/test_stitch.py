@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tensorgrad as tg
+from tensorgrad.codegen.kernel import Target
 from tensorgrad.compiler import Options, Request, compile_graph
 from tensorgrad.ir import Graph
 from tensorgrad.passes import fuse_elementwise, stitch_kernels
@@ -113,6 +114,45 @@ def test_permutes_are_copied_into_every_matmul_that_reads_them() -> None:
     before, after = evaluate(st.graph, feeds), evaluate(out, feeds)
     for t in (s1, s2):
         np.testing.assert_array_equal(after[remap[t.id]], before[t.id])
+
+
+def test_software_targets_keep_permutes_out_of_plain_matmuls() -> None:
+    """For a CPU-emulated GPU a plain matmul reads merged heads from a kernel of their own
+    (the permute's index arithmetic at every read is dear there); a batched matmul still
+    takes its permutes, and a GPU target stitches both. Values are unchanged."""
+    with tracing() as st:
+        a = leaf("input", "a", (2, 3, 4, 5))
+        w = leaf("param", "w", (15, 6))
+        b = leaf("input", "b", (2, 4, 3, 5))
+        merged = tg.reshape(tg.permute(a, (0, 2, 1, 3)), (2, 4, 15))   # merge heads
+        y = tg.matmul(merged, w)
+        z = tg.matmul(tg.permute(b, (0, 2, 1, 3)), tg.permute(a, (0, 1, 3, 2)))
+    st.graph.outputs = [y.id, z.id]
+
+    def stitched(software: bool) -> tuple[Graph, dict[int, int]]:
+        fused, remap1 = fuse_elementwise(st.graph, set())
+        out, remap2 = stitch_kernels(fused, set(), software=software)
+        return out, {old: remap2[new] for old, new in remap1.items() if new in remap2}
+
+    gpu, _ = stitched(False)
+    assert sorted(_kernels(gpu)) == ["fused(permute, matmul)", "fused(permute, matmul_batched)"]
+    software, remap = stitched(True)
+    assert sorted(_kernels(software)) == ["fused(permute, matmul_batched)", "matmul",
+                                          "permute", "reshape"]   # (a reshape is a view)
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal((2, 3, 4, 5)), "w": rng.standard_normal((15, 6)),
+             "b": rng.standard_normal((2, 4, 3, 5))}
+    before, after = evaluate(st.graph, feeds), evaluate(software, feeds)
+    for t in (y, z):
+        np.testing.assert_array_equal(after[remap[t.id]], before[t.id])
+    # compiled for a software target, the transformer's step reads merged heads stored once
+    mod = demo("addition_transformer")
+    c = compile_graph(Request("training", mod.AdditionTransformer(), mod.loss_fn, mod.INPUTS,
+                              optimizer=mod.optimizer(), seed=1),
+                      Options(target=Target(software=True)), until="emit")
+    assert not [n for n in c.graph.nodes if n.op == "fused" and "matmul(" in
+                str(n.attrs["program"]) and "permute" in str(n.attrs["program"])
+                and not any(m.op == "matmul_batched" for m in n.attrs["program"].nodes)]
 
 
 def test_matmul_prologues_are_held_to_one_arithmetic_op() -> None:
