@@ -16,7 +16,8 @@ Contenders, each a fresh page in a fresh browser context (an empty HTTP cache: a
 tensorgrad's page client (web/tensorgrad.js; bench/peers/tensorgrad.html), tensorgrad in
 script mode (the loop in Python in the worker; ?mode=script) and jax-js (npm @jax-js/jax,
 pinned in package.json's devDependencies, served from node_modules; bench/peers/jaxjs.html).
-Figures, the median over the launches (each launch runs every page once, in turn):
+Figures, the median over the launches (each launch runs every page once, in turn, each launch
+starting with the next contender, so that a machine whose speed drifts favours none):
 
   ready      from the page script's import of the library to the library usable (tensorgrad:
              start() resolved, its worker ready; jax-js: import + init("webgpu"))
@@ -257,8 +258,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Chromium {browser.version}, jax-js {jax_js_version()}, {url}; load "
                   f"average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
             for launch in range(args.launches):
+                # each launch starts with the next contender: a machine that speeds up or
+                # slows down during a launch then favours none of them
+                turn = launch % len(contenders)
                 for kind in kinds:
-                    for lib, mode in contenders:
+                    for lib, mode in contenders[turn:] + contenders[:turn]:
                         page = "jaxjs.html" if lib == "jax-js" else "tensorgrad.html"
                         query = (f"?kind={kind}&mode={mode}&check={args.check}&warmup="
                                  f"{args.warmup}&steps={steps[kind]}&warmupSeconds="
