@@ -285,10 +285,9 @@ def _emit(c: Compilation, o: Options) -> None:
 
 def _pipelines(c: Compilation, o: Options) -> None:
     """Start compiling the kernels' pipelines (in the background where the device can), so
-    that they compile while the store stage initialises the params: pure Python, ~0.4 s for
-    the addition transformer's 150k in Pyodide. The build stage finishes them; a compilation
-    stopped between the two holds them in `c.acquiring` (give them up with
-    ``pipeline_cache(device).abandon``)."""
+    that they compile while the store stage initialises the params. The build stage
+    finishes them; a compilation stopped between the two holds them in `c.acquiring` (give
+    them up with ``pipeline_cache(device).abandon``)."""
     if o.device is None:
         raise ValueError("compile: the pipelines stage needs a device (Options.for_device)")
     c.acquiring = pipeline_cache(o.device).start(

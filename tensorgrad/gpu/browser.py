@@ -10,6 +10,7 @@ count. ``ffi_calls`` counts every crossing the adapter makes, for tests and benc
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -68,7 +69,21 @@ async def _js_helper() -> Any:
         load = run_js("(src) => import(URL.createObjectURL("
                       "new Blob([src], { type: 'text/javascript' })))")
         _helper = await load(source)
+        _install_normals(_helper)
     return _helper
+
+
+def _install_normals(helper: Any) -> None:
+    """Param init's normals made in JS from now on (:data:`tensorgrad.init.FAST_NORMALS`),
+    unless NumPy makes them."""
+    from .. import init
+
+    js_normals = helper.normals
+
+    def normals(state: int, n: int, std: float) -> array[float]:
+        return array("f", js_normals(state, n, std).to_bytes())
+
+    init.FAST_NORMALS = normals
 
 
 @dataclass
