@@ -67,6 +67,13 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith(_stdlib_dirs()) and "-packages" + os.sep not in filename
 
 
+@functools.lru_cache(maxsize=4096)
+def _internal_code(co_filename: str) -> bool:
+    """Whether frames running code from `co_filename` are never the user's (asked for every
+    frame of every op recorded while tracing: cached, as the folders it checks are)."""
+    return co_filename.startswith("<frozen") or _is_internal(os.path.abspath(co_filename))
+
+
 def user_traceback(exc: BaseException) -> str:
     """`exc` formatted as ``traceback.format_exception`` does, each traceback (chained ones
     too) cut to the user's frames: the internal ones (tensorgrad's, the event loop's,
@@ -90,8 +97,7 @@ def user_traceback(exc: BaseException) -> str:
 
 
 def _user_frames(frames: list[Any]) -> list[Any]:
-    user = [f for f in frames if not _is_internal(os.path.abspath(f.filename))
-            and not f.filename.startswith("<frozen")]
+    user = [f for f in frames if not _internal_code(f.filename)]
     return user or [f for f in frames if f.filename.startswith(_PACKAGE_DIR + os.sep)]
 
 
@@ -100,8 +106,7 @@ def user_call_site(limit: int = 3) -> str:
     frame: FrameType | None = sys._getframe(1)
     lines: list[str] = []
     while frame is not None and len(lines) < limit:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not _is_internal(filename) and not frame.f_code.co_filename.startswith("<frozen"):
+        if not _internal_code(frame.f_code.co_filename):
             lines.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
         frame = frame.f_back
     return "\n".join(lines)
