@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from . import describe
 from .autograd import append_grad
-from .codegen.kernel import Kernel, Target, emit_graph
+from .codegen.kernel import Kernel, Target, dump_kernels, emit_graph, emit_kernels
 from .errors import ShapeError, TraceError
 from .gpu.interface import DeviceLimits, GPUDevice
 from .init import ParamSpec
@@ -273,14 +273,30 @@ def _emit(c: Compilation, o: Options) -> None:
     no_kernel = c.plan.no_kernel if c.plan is not None else frozenset()
     target = o.target or Target(limits=o.limits)
     c.tiered = o.tiered_start
-    c.kernels = emit_graph(c.graph, replace(target, quick=c.tiered), OPS, no_kernel)
-    if c.tiered and o.tiered is None and any(k.quick_refused for k in c.kernels):
-        # Large matmuls keep their slow-to-compile kernels in the quick tier too: a tiered
-        # start would save little compile time and run its first steps slower (the addition
-        # transformer on SwiftShader: 7.3 s to compile + 8.2 s for a first step, against
-        # 12.0 + 1.6 s untiered). Where chosen automatically, it is not done.
+    if c.tiered:
+        quick = _quick_kernels(c.graph, replace(target, quick=True), no_kernel,
+                               give_up=o.tiered is None)
+        if quick is not None:
+            c.kernels = quick
+            return
         c.tiered = False
-        c.kernels = emit_graph(c.graph, target, OPS, no_kernel)
+    c.kernels = emit_graph(c.graph, target, OPS, no_kernel)
+
+
+def _quick_kernels(graph: Graph, quick: Target, no_kernel: frozenset[int], give_up: bool
+                   ) -> list[Kernel] | None:
+    """A tiered start's first kernels; with `give_up` (the tiering chosen automatically),
+    None at the first kernel the quick tier refuses. Large matmuls keep their
+    slow-to-compile kernels in the quick tier too: a tiered start would save little compile
+    time and run its first steps slower (the addition transformer on SwiftShader: 7.3 s to
+    compile + 8.2 s for a first step, against 12.0 + 1.6 s untiered)."""
+    kernels = []
+    for kernel in emit_kernels(graph, quick, OPS, no_kernel):
+        if give_up and kernel.quick_refused:
+            return None
+        kernels.append(kernel)
+    dump_kernels(kernels)
+    return kernels
 
 
 def _pipelines(c: Compilation, o: Options) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import ceil
 from typing import Protocol
@@ -98,15 +98,27 @@ def emit_node(graph: Graph, node: Node, target: Target, ops: Mapping[str, HasEmi
                   kernel.vector_inputs, kernel.quick_refused)
 
 
+def emit_kernels(graph: Graph, target: Target, ops: Mapping[str, HasEmitter],
+                 no_kernel: frozenset[int] = frozenset()) -> Iterator[Kernel]:
+    """:func:`emit_graph`'s kernels one at a time, in graph order (a caller may stop early)."""
+    for n in graph.nodes:
+        yield Kernel("", 0, label=n.describe()) if n.id in no_kernel else \
+            emit_node(graph, n, target, ops)
+
+
+def dump_kernels(kernels: Sequence[Kernel]) -> None:
+    """Print each kernel's WGSL to stderr when TENSORGRAD_DUMP_WGSL=1."""
+    if os.environ.get("TENSORGRAD_DUMP_WGSL"):
+        for k in kernels:
+            if k.wgsl:
+                print(f"// ---- {k.label}  threads={k.threads}\n{k.wgsl}", file=sys.stderr)
+
+
 def emit_graph(graph: Graph, target: Target, ops: Mapping[str, HasEmitter],
                no_kernel: frozenset[int] = frozenset()) -> list[Kernel]:
     """One kernel per node, in graph order; `no_kernel` (views and packs, whose bytes the
     buffer plan arranges) and leaves get an empty one. TENSORGRAD_DUMP_WGSL=1 prints each
     kernel."""
-    kernels = [Kernel("", 0, label=n.describe()) if n.id in no_kernel else
-               emit_node(graph, n, target, ops) for n in graph.nodes]
-    if os.environ.get("TENSORGRAD_DUMP_WGSL"):
-        for k in kernels:
-            if k.wgsl:
-                print(f"// ---- {k.label}  threads={k.threads}\n{k.wgsl}", file=sys.stderr)
+    kernels = list(emit_kernels(graph, target, ops, no_kernel))
+    dump_kernels(kernels)
     return kernels

@@ -103,3 +103,36 @@ def test_attached_forward_of_a_tiered_training_predicts_alike(gpu_device: Any) -
 
     outs = run(go())
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_an_automatic_tiered_start_gives_up_at_the_first_refused_kernel(
+        gpu_device: Any, monkeypatch: Any) -> None:
+    """Where the tiering is chosen automatically (dear shader compiles) and the quick tier
+    refuses a kernel (the transformer's large matmuls), the quick tier is not emitted past
+    it: the step's kernels are emitted about once, not twice, and none is a quick one."""
+    from dataclasses import replace
+
+    from tensorgrad.codegen import kernel
+    from tensorgrad.codegen.kernel import Target
+    from tensorgrad.compiler import Options, Request, compile_graph
+
+    emitted: list[bool] = []  # per emit_node call: for the quick tier?
+    real = kernel.emit_node
+
+    def counted(graph: Any, node: Any, target: Target, ops: Any) -> Any:
+        emitted.append(target.quick)
+        return real(graph, node, target, ops)
+
+    monkeypatch.setattr(kernel, "emit_node", counted)
+    demo = addition_transformer()
+    target = replace(Target.for_device(gpu_device.limits, gpu_device.info),
+                     costly_compiles=True)
+    c = compile_graph(Request("training", demo.AdditionTransformer(), demo.loss_fn,
+                              demo.INPUTS, optimizer=demo.optimizer(), seed=1),
+                      Options(device=gpu_device, limits=gpu_device.limits, target=target),
+                      until="emit")
+    assert not c.tiered
+    nodes = len(c.graph.nodes)
+    assert 0 < emitted.count(True) < nodes // 4, (emitted.count(True), nodes)
+    assert emitted.count(False) <= nodes
+    assert all(not k.quick_refused for k in c.kernels)
