@@ -474,6 +474,8 @@ def _emit(ctx: EmitContext) -> Kernel:
 # gained nothing from the same change and keep their permutes.
 MATMUL_STITCH = Stitch(prologue=(0, 1), prologue_ops=1, epilogue=True)
 PLAIN_MATMUL_STITCH = replace(MATMUL_STITCH, software_permutes=False)
+
+
 def _torch_matmul(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) -> tx.Expr:
     x, y = a
     if n.attrs.get("transpose_a"):
