@@ -89,10 +89,13 @@ def shapes(quick: bool) -> list[Shape]:
 
 
 def gpt2_shapes() -> list[Shape]:
-    """GPT-2 small's MLP matmuls (R = B·T = 8,192 rows, D = 768)."""
-    r, d = 32 * 256, 768
+    """GPT-2 small's matmuls (R = B·T = 8,192 rows, D = 768, vocabulary V = 50,304)."""
+    r, d, v = 32 * 256, 768, 50_304
     t, hd, bh = 256, 64, 32 * 12
-    return [Shape("gpt2 fwd up", r, d, 4 * d), Shape("gpt2 fwd down", r, 4 * d, d),
+    return [Shape("gpt2 head fwd", r, d, v), Shape("gpt2 head dX", r, v, d, tb=True),
+            Shape("gpt2 head dW (K=BT)", d, r, v, ta=True),
+            Shape("gpt2 qkv fwd", r, d, 3 * d),
+            Shape("gpt2 fwd up", r, d, 4 * d), Shape("gpt2 fwd down", r, 4 * d, d),
             Shape("gpt2 dW up (K=BT)", d, r, 4 * d, ta=True),
             Shape("gpt2 dW up split-K 2", d, r // 2, 4 * d, ta=True, batch=2),
             Shape("gpt2 attn q@kᵀ", t, hd, t, batch=bh, tb=True),

@@ -186,7 +186,9 @@ def choose_variant(spec: MatmulSpec, prefer_tiled: bool, storage: int = 16_384,
         padded = tiles_m * tiles_n * t.tile_m * t.tile_n
         # a tile much bigger than the output (an attention head's 64 x 64) computes padding
         if spec.batch * tiles_m * tiles_n >= enough and padded <= MAX_PADDING * spec.m * spec.n:
-            return variant
+            ahead = variant + "p"
+            long_k = spec.k >= PREFETCH_MIN_CHUNKS * t.tk
+            return ahead if long_k and ahead in TILINGS else variant
     return "tiled1"
 
 
@@ -272,6 +274,8 @@ class Tiling:
     bn: int
     tk: int
     vec: bool = False  # shared memory read as vec4s: rows 64 q + 4 ty + i, cols 64 q + 4 tx + j
+    # the next chunk's global loads issued before this chunk's multiply (vec tilings)
+    prefetch: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -295,17 +299,27 @@ TILINGS = {
     "tiled8": Tiling(8, 8, 8), "tiled8x4": Tiling(8, 4, 16), "tiled4x8": Tiling(4, 8, 16),
     "tiled8v": Tiling(8, 8, 8, vec=True), "tiled8v16": Tiling(8, 8, 16, vec=True),
     "tiled4x8v": Tiling(4, 8, 16, vec=True), "tiled8x4v": Tiling(8, 4, 16, vec=True),
+    # "...p": the same tiling with the next chunk's loads issued before the multiply
+    "tiled8v16p": Tiling(8, 8, 16, vec=True, prefetch=True),
+    "tiled8x4vp": Tiling(8, 4, 16, vec=True, prefetch=True),
+    "tiled4x8vp": Tiling(4, 8, 16, vec=True, prefetch=True),
 }
+# A K loop of at least this many chunks takes a tiling's prefetching twin ("...p"). On an
+# H100 (2026-12-05) prefetching gained 2-10% on GPT-2 small's long-K products (4096^3
+# 34.7 -> 36.9 TFLOP/s; its attention p@v, K = 256, 24.0 -> 25.7 with 128x64 tiles) and
+# lost 3% on its q@k^T (K = 64, four chunks).
+PREFETCH_MIN_CHUNKS = 8
 
 
 VARIANTS = ("naive", "reduce", *TILINGS, *REGISTER_BLOCKS)
 
 
-def _tile_loads(s: MatmulSpec, t: Tiling, operand: str, aligned: bool
-                ) -> tuple[list[str], list[str]]:
+def _tile_loads(s: MatmulSpec, t: Tiling, operand: str, aligned: bool, kvar: str = "k0",
+                decl: str = "let ") -> tuple[list[str], list[str]]:
     """(lines before the K loop, per-chunk loads into registers `{operand}v{j}` of the chunk
-    starting at `k0`) for operand "a" or "b" of tiling `t`. Each thread loads
-    tile*tk/256 values, coalesced along the stored operand's contiguous axis."""
+    starting at `kvar`, each line starting with `decl`) for operand "a" or "b" of tiling
+    `t`. Each thread loads tile*tk/256 values, coalesced along the stored operand's
+    contiguous axis."""
     is_a = operand == "a"
     tile = t.tile_m if is_a else t.tile_n
     size, inp = (s.m, "in0") if is_a else (s.n, "in1")
@@ -324,13 +338,14 @@ def _tile_loads(s: MatmulSpec, t: Tiling, operand: str, aligned: bool
         base, step = base_fn("bt", row)
         pre.append(f"  let {operand}i{j} = {base};")
         if aligned:
-            loads.append(f"let {operand}v{j} = {inp}[{at(f'{operand}i{j}', step, f'(k0 + {k})')}];")
+            loads.append(f"{decl}{operand}v{j} = "
+                         f"{inp}[{at(f'{operand}i{j}', step, f'({kvar} + {k})')}];")
         else:
             pre.append(f"  let {operand}ok{j} = {o0} + {x} < {w.u(size)};")
-            kk = f"min(k0 + {k}, {w.u(s.k - 1)})"
-            loads.append(f"let {operand}v{j} = select(0.0f, "
+            kk = f"min({kvar} + {k}, {w.u(s.k - 1)})"
+            loads.append(f"{decl}{operand}v{j} = select(0.0f, "
                          f"{inp}[{at(f'{operand}i{j}', step, kk)}], "
-                         f"{operand}ok{j} && k0 + {k} < {w.u(s.k)});")
+                         f"{operand}ok{j} && {kvar} + {k} < {w.u(s.k)});")
     return pre, loads
 
 
@@ -382,41 +397,68 @@ def _emit_tiled_vec(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
     kernel on large GPUs) and accumulates in vec4s. Thread (tx, ty) owns rows
     64 q + 4 ty + i and cols 64 q + 4 tx + j; a row of a tile is padded by one vec4, so the
     chunk's scalar stores fall in distinct banks."""
-    qa, qb = t.bm // 4, t.bn // 4
     pad_a, pad_b = t.tile_m // 4 + 1, t.tile_n // 4 + 1
     aligned = s.m % t.tile_m == 0 and s.n % t.tile_n == 0 and s.k % t.tk == 0
     head, groups = _tile_header(s, t.tile_m, t.tile_n)
     lines = [head, f"  let gm0 = tm * {w.u(t.tile_m)};", f"  let gn0 = tn * {w.u(t.tile_n)};"]
-    pre_a, load_a = _tile_loads(s, t, "a", aligned)
-    pre_b, load_b = _tile_loads(s, t, "b", aligned)
-    lines += pre_a + pre_b
-    lines += [f"  var c{r}_{q} = vec4<f32>(0.0f);" for r in range(t.bm) for q in range(qb)]
+    lines += [f"  var c{r}_{q} = vec4<f32>(0.0f);" for r in range(t.bm) for q in range(t.bn // 4)]
+    lines += _vec_chunks(s, t, aligned, pad_a, pad_b)
+    lines += _vec_block_store(s, t, aligned)
+    prelude = (f"var<workgroup> As: array<vec4<f32>, {t.tk * pad_a}>;\n"
+               f"var<workgroup> Bs: array<vec4<f32>, {t.tk * pad_b}>;")
+    return w.workgroup_kernel(ctx, "\n".join(lines), groups, prelude=prelude)
+
+
+def _vec_chunks(s: MatmulSpec, t: Tiling, aligned: bool, pad_a: int, pad_b: int) -> list[str]:
+    """The K loop of :func:`_emit_tiled_vec`: stage a chunk, multiply it. With `prefetch`
+    the next chunk's global loads are issued before the multiply, their latency hidden
+    behind it (two staged copies with one barrier per chunk were no faster on an H200)."""
+    k_start, k_end = s.k_band("gm0", t.tile_m, "gn0", t.tile_n)
+    ahead = t.prefetch
+    kvar = "kn" if ahead else "k0"
+    pre_a, load_a = _tile_loads(s, t, "a", aligned, kvar, "var " if ahead else "let ")
+    pre_b, load_b = _tile_loads(s, t, "b", aligned, kvar, "var " if ahead else "let ")
+    lines = pre_a + pre_b
     stores = [f"    As[ak{j} * {w.u(pad_a)} + ax{j} / 4u][ax{j} % 4u] = av{j};"
               for j in range(len(load_a))]
     stores += [f"    Bs[bk{j} * {w.u(pad_b)} + bx{j} / 4u][bx{j} % 4u] = bv{j};"
                for j in range(len(load_b))]
 
     def step(kk: str) -> list[str]:
-        lines = [f"      let a{q} = As[{kk}{w.u(pad_a)} + ty + {w.u(16 * q)}];" for q in range(qa)]
+        lines = [f"      let a{q} = As[{kk}{w.u(pad_a)} + ty + {w.u(16 * q)}];"
+                 for q in range(t.bm // 4)]
         lines += [f"      let b{q} = Bs[{kk}{w.u(pad_b)} + tx + {w.u(16 * q)}];"
-                  for q in range(qb)]
+                  for q in range(t.bn // 4)]
         lines += [f"      c{r}_{q} = fma(vec4<f32>(a{r // 4}.{'xyzw'[r % 4]}), b{q}, c{r}_{q});"
-                  for r in range(t.bm) for q in range(qb)]
+                  for r in range(t.bm) for q in range(t.bn // 4)]
         return lines
 
     multiply = _unrolled(t.tk, step)
-    k_start, k_end = s.k_band("gm0", t.tile_m, "gn0", t.tile_n)
+    if ahead:
+        lines += [f"  var kn = {k_start};", *(f"  {x}" for x in load_a + load_b)]
     lines.append(f"  for (var k0 = {k_start}; k0 < {k_end}; k0 = k0 + {w.u(t.tk)}) {{")
-    lines += [f"    {x}" for x in load_a + load_b]
+    if not ahead:
+        lines += [f"    {x}" for x in load_a + load_b]
     lines += stores + ["    workgroupBarrier();"]
-    lines += multiply + ["    workgroupBarrier();", "  }"]
+    if ahead:
+        _, next_a = _tile_loads(s, t, "a", aligned, "kn", "")
+        _, next_b = _tile_loads(s, t, "b", aligned, "kn", "")
+        lines += [f"    kn = k0 + {w.u(t.tk)};", f"    if (kn < {k_end}) {{",
+                  *(f"      {x}" for x in next_a + next_b), "    }"]
+    lines += [*multiply, "    workgroupBarrier();"]
+    return [*lines, "  }"]
+
+
+def _vec_block_store(s: MatmulSpec, t: Tiling, aligned: bool) -> list[str]:
+    """Each thread's vec4 accumulators to rows 64 q + 4 ty + i, cols 64 q + 4 tx + j."""
+    lines = []
     off = f"bt * {w.u(s.m * s.n)} + " if s.batch > 1 else ""
     for r in range(t.bm):
         row = f"gm0 + {w.u(64 * (r // 4) + r % 4)} + 4u * ty"
         lines.append(f"  let row{r} = {row};")
         if not aligned:
             lines.append(f"  if (row{r} < {w.u(s.m)}) {{")
-        for q in range(qb):
+        for q in range(t.bn // 4):
             for j in range(4):
                 col = f"gn0 + {w.u(64 * q + j)} + 4u * tx"
                 store = f"out[{off}row{r} * {w.u(s.n)} + {col}] = c{r}_{q}.{'xyzw'[j]};"
@@ -424,9 +466,7 @@ def _emit_tiled_vec(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
                              else f"  {store}")
         if not aligned:
             lines.append("  }")
-    prelude = (f"var<workgroup> As: array<vec4<f32>, {t.tk * pad_a}>;\n"
-               f"var<workgroup> Bs: array<vec4<f32>, {t.tk * pad_b}>;")
-    return w.workgroup_kernel(ctx, "\n".join(lines), groups, prelude=prelude)
+    return lines
 
 
 def emit_matmul(ctx: EmitContext, spec: MatmulSpec, variant: str) -> Kernel:

@@ -29,6 +29,7 @@ AWKWARD = [
 ALIGNED = [
     Case("matmul", tg.matmul, [Arg((256, 32)), Arg((32, 128))], name="aligned"),
     Case("matmul", tg.matmul, [Arg((2, 128, 48)), Arg((2, 48, 128))], name="aligned-batched"),
+    Case("matmul", tg.matmul, [Arg((256, 16)), Arg((16, 256))], name="aligned-wide"),
 ]
 
 
