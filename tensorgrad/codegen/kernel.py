@@ -23,7 +23,9 @@ class Kernel:
     `vector_inputs`: the input slots bound as `array<vec4<f32>>` (element 4 q + j of the
     input is lane j of `in{slot}[q]`), which a stitched prologue must provide as such.
     `quick_refused`: emitted for a quick target (:attr:`Target.quick`) but the optimized
-    kernel all the same, a quick one being too slow to run (a large matmul)."""
+    kernel all the same, a quick one being too slow to run (a large matmul). `revisit`:
+    WGSL that runs the statement `@` once per output index `x` the invocation wrote (after
+    its writes), or "" (see :func:`tensorgrad.codegen.program.emit_program`)."""
 
     wgsl: str
     threads: int
@@ -31,6 +33,7 @@ class Kernel:
     label: str = ""
     vector_inputs: frozenset[int] = frozenset()
     quick_refused: bool = False
+    revisit: str = ""
 
 
 @dataclass(frozen=True)

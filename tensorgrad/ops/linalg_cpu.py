@@ -24,7 +24,7 @@ take `v`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tensorgrad.codegen.wgsl as w
 
@@ -187,8 +187,23 @@ def emit_registers(ctx: EmitContext, s: MatmulSpec, block: RegisterBlock) -> Ker
         if s.m % bm:
             lines.append("  }")
     vectors = frozenset(slot for slot, op in enumerate((a, b)) if op.axis is not None)
-    return w.thread_kernel(ctx, "\n".join(lines), s.batch * blocks_m * blocks_n,
-                           size=CPU_WORKGROUP, vector_inputs=vectors)
+    kernel = w.thread_kernel(ctx, "\n".join(lines), s.batch * blocks_m * blocks_n,
+                             size=CPU_WORKGROUP, vector_inputs=vectors)
+    return replace(kernel, revisit=_revisit(s, bm, bn, off))
+
+
+def _revisit(s: MatmulSpec, bm: int, bn: int, off: str) -> str:
+    """A loop over the block's outputs (Kernel.revisit): an epilogue applied there is
+    compiled once instead of bm * bn times."""
+    inside = f"{w.u(s.m)}" if s.m % bm else ""
+    check = [f"rr < {inside}"] if inside else []
+    check += [f"cc < {w.u(s.n)}"] if s.n % bn else []
+    body = f"let x = {off}rr * {w.u(s.n)} + cc; @"
+    if check:
+        body = f"if ({' && '.join(check)}) {{ {body} }}"
+    return (f"  for (var e = 0u; e < {w.u(bm * bn)}; e = e + 1u) {{\n"
+            f"    let rr = m0 + e / {w.u(bn)};\n    let cc = n0 + e % {w.u(bn)};\n"
+            f"    {body}\n  }}")
 
 
 __all__ = ["CPU_MIN_WORKGROUPS", "CPU_WORKGROUP", "REGISTER_BLOCKS", "RegisterBlock",
