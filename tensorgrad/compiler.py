@@ -328,8 +328,8 @@ def _build(c: Compilation, o: Options) -> None:
     assert c.plan is not None and c.store is not None and c.acquiring is not None
     upgrade = None
     if c.tiered:
-        graph, target = c.graph, o.target or Target(limits=o.limits)
-        no_kernel = c.plan.no_kernel
+        graph, no_kernel = c.graph, c.plan.no_kernel
+        target = replace(o.target or Target(limits=o.limits), background=True)
 
         def upgrade() -> list[Kernel]:
             return emit_graph(graph, target, OPS, no_kernel)

@@ -23,9 +23,7 @@ class Kernel:
     `vector_inputs`: the input slots bound as `array<vec4<f32>>` (element 4 q + j of the
     input is lane j of `in{slot}[q]`), which a stitched prologue must provide as such.
     `quick_refused`: emitted for a quick target (:attr:`Target.quick`) but the optimized
-    kernel all the same, a quick one being too slow to run (a large matmul). `revisit`:
-    WGSL that runs the statement `@` once per output index `x` the invocation wrote (after
-    its writes), or "" (see :func:`tensorgrad.codegen.program.emit_program`)."""
+    kernel all the same, a quick one being too slow to run (a large matmul)."""
 
     wgsl: str
     threads: int
@@ -33,7 +31,6 @@ class Kernel:
     label: str = ""
     vector_inputs: frozenset[int] = frozenset()
     quick_refused: bool = False
-    revisit: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,6 +48,9 @@ class Target:
     # compile (naive matmuls, ~15 ms a pipeline on SwiftShader against 100-900 ms for a
     # register block with stitched ops), run until the optimized ones are compiled.
     quick: bool = False
+    # The second tier of a tiered start: compiled in the background while the first steps
+    # run, so its kernels favour speed over compile time where the two differ.
+    background: bool = False
 
     @staticmethod
     def for_device(limits: DeviceLimits, info: AdapterInfo) -> Target:

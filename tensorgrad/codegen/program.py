@@ -169,29 +169,11 @@ def _emit_stitched(ctx: EmitContext, program: FusedProgram, core: int,
         functions.append(_function("epilogue", f"i: u32, acc: {w.wgsl_type(cnode.dtype)}",
                                    ctx.node.dtype, writer, result))
         preludes += writer.preludes
-        text = _with_epilogue(text, inner, ctx, cnode)
+        text = _rewrite_writes(text, cnode.op)
     shared = [p for p in dict.fromkeys(preludes) if p not in text]
     wgsl = "\n".join([w.bindings(ctx.inputs, ctx.node, vectors), *shared, *functions, text])
     return Kernel(wgsl, inner.threads, inner.workgroup_size, vector_inputs=vectors,
                   quick_refused=inner.quick_refused)
-
-
-# Writes per invocation from which a costly-compile target (SwiftShader) applies the epilogue
-# in the kernel's revisit loop: compiled once instead of at every write.
-REVISIT_MIN_WRITES = 8
-
-
-def _with_epilogue(text: str, inner: Kernel, ctx: EmitContext, cnode: Node) -> str:
-    """The core's text with the epilogue applied at each write, or, where the target's
-    compiles are dear and the kernel offers a revisit loop, its writes left as they are and
-    the epilogue applied over what they wrote (an f32 output read back)."""
-    writes = len(_WRITE.findall(text))
-    if not (ctx.target.costly_compiles and inner.revisit and writes >= REVISIT_MIN_WRITES
-            and cnode.dtype == "f32" and ctx.node.dtype == "f32"):
-        return _rewrite_writes(text, cnode.op)
-    end = text.rstrip().rfind("}")
-    loop = inner.revisit.replace("@", "out[x] = epilogue(x, out[x]);")
-    return f"{text[:end]}{loop}\n{text[end:]}"
 
 
 def _vector_bindings(program: FusedProgram, core: int, slots: frozenset[int]) -> frozenset[int]:
