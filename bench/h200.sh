@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device call: before (.base, the tree before the change measured) and after, same GPU.
 # Usage on the device machine: bash bench/h200.sh [parts...]
-#   parts: base base-gpt2 report notorch matmul gpt2 profile mixed mixed-gpt2 (default: base
+#   parts: base base-gpt2 report notorch matmul gpt2 gpt2-eager (PyTorch eager only) profile
+#   mixed mixed-gpt2 (default: base
 #   report matmul, in order); notorch: report without the PyTorch twin (the small models'
 #   host-bound figures, to compare with base's: PyTorch's CUDA context slows the Vulkan
 #   kernels); mixed / mixed-gpt2: report / gpt2 with --precision mixed (tensorgrad's f16
@@ -36,6 +37,9 @@ for part in "${parts[@]}"; do
               | grep -v XDG | tee "$OUT/before_gpt2.txt") ;;
     gpt2) timeout 300 python3 bench/report.py --models gpt2 --steps 10 --warmup 2 \
               --replays 1 --json "$OUT/gpt2$TAG.json" 2>&1 | grep -v XDG | tee "$OUT/gpt2$TAG.txt" ;;
+    gpt2-eager) timeout 240 python3 bench/report.py --models gpt2 --steps 10 --warmup 2 \
+              --replays 1 --no-torch-compile --json "$OUT/gpt2_eager$TAG.json" 2>&1 \
+              | grep -v XDG | tee "$OUT/gpt2_eager$TAG.txt" ;;
     profile) timeout 240 python3 bench/report.py --models transformer,gpt,gpt2 --no-torch \
               --steps 10 --warmup 2 --replays 1 --json "$OUT/profile.json" 2>&1 \
               | grep -v XDG | tee "$OUT/profile.txt" ;;
