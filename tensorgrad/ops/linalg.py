@@ -412,7 +412,8 @@ def _emit_tiled_vec(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
 def _vec_chunks(s: MatmulSpec, t: Tiling, aligned: bool, pad_a: int, pad_b: int) -> list[str]:
     """The K loop of :func:`_emit_tiled_vec`: stage a chunk, multiply it. With `prefetch`
     the next chunk's global loads are issued before the multiply, their latency hidden
-    behind it (two staged copies with one barrier per chunk were no faster on an H200)."""
+    behind it (two staged copies with one barrier per chunk were no faster on an H200 or
+    an H100)."""
     k_start, k_end = s.k_band("gm0", t.tile_m, "gn0", t.tile_n)
     ahead = t.prefetch
     kvar = "kn" if ahead else "k0"
