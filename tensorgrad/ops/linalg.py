@@ -314,12 +314,12 @@ PREFETCH_MIN_CHUNKS = 8
 VARIANTS = ("naive", "reduce", *TILINGS, *REGISTER_BLOCKS)
 
 
-def _tile_loads(s: MatmulSpec, t: Tiling, operand: str, aligned: bool, kvar: str = "k0",
-                decl: str = "let ") -> tuple[list[str], list[str]]:
-    """(lines before the K loop, per-chunk loads into registers `{operand}v{j}` of the chunk
-    starting at `kvar`, each line starting with `decl`) for operand "a" or "b" of tiling
-    `t`. Each thread loads tile*tk/256 values, coalesced along the stored operand's
-    contiguous axis."""
+def _tile_loads(s: MatmulSpec, t: Tiling, operand: str, aligned: bool, kvar: str = "k0"
+                ) -> tuple[list[str], list[str]]:
+    """(lines before the K loop, per-chunk assignments to registers `{operand}v{j}` of the
+    chunk starting at `kvar`, without `let` or `var`) for operand "a" or "b" of tiling `t`.
+    Each thread loads tile*tk/256 values, coalesced along the stored operand's contiguous
+    axis."""
     is_a = operand == "a"
     tile = t.tile_m if is_a else t.tile_n
     size, inp = (s.m, "in0") if is_a else (s.n, "in1")
@@ -338,12 +338,12 @@ def _tile_loads(s: MatmulSpec, t: Tiling, operand: str, aligned: bool, kvar: str
         base, step = base_fn("bt", row)
         pre.append(f"  let {operand}i{j} = {base};")
         if aligned:
-            loads.append(f"{decl}{operand}v{j} = "
+            loads.append(f"{operand}v{j} = "
                          f"{inp}[{at(f'{operand}i{j}', step, f'({kvar} + {k})')}];")
         else:
             pre.append(f"  let {operand}ok{j} = {o0} + {x} < {w.u(size)};")
             kk = f"min({kvar} + {k}, {w.u(s.k - 1)})"
-            loads.append(f"{decl}{operand}v{j} = select(0.0f, "
+            loads.append(f"{operand}v{j} = select(0.0f, "
                          f"{inp}[{at(f'{operand}i{j}', step, kk)}], "
                          f"{operand}ok{j} && {kvar} + {k} < {w.u(s.k)});")
     return pre, loads
@@ -382,7 +382,7 @@ def _emit_tiled(ctx: EmitContext, s: MatmulSpec, t: Tiling) -> Kernel:
     multiply = _unrolled(t.tk, step)
     k_start, k_end = s.k_band("gm0", t.tile_m, "gn0", t.tile_n)
     lines.append(f"  for (var k0 = {k_start}; k0 < {k_end}; k0 = k0 + {w.u(t.tk)}) {{")
-    lines += [f"    {x}" for x in load_a + load_b]
+    lines += [f"    let {x}" for x in load_a + load_b]
     lines += stores + ["    workgroupBarrier();"]
     lines += multiply + ["    workgroupBarrier();", "  }"]
     lines.append(_block_store(s, t.bm, t.bn, checked=not aligned))
@@ -417,8 +417,8 @@ def _vec_chunks(s: MatmulSpec, t: Tiling, aligned: bool, pad_a: int, pad_b: int)
     k_start, k_end = s.k_band("gm0", t.tile_m, "gn0", t.tile_n)
     ahead = t.prefetch
     kvar = "kn" if ahead else "k0"
-    pre_a, load_a = _tile_loads(s, t, "a", aligned, kvar, "var " if ahead else "let ")
-    pre_b, load_b = _tile_loads(s, t, "b", aligned, kvar, "var " if ahead else "let ")
+    pre_a, load_a = _tile_loads(s, t, "a", aligned, kvar)
+    pre_b, load_b = _tile_loads(s, t, "b", aligned, kvar)
     lines = pre_a + pre_b
     stores = [f"    As[ak{j} * {w.u(pad_a)} + ax{j} / 4u][ax{j} % 4u] = av{j};"
               for j in range(len(load_a))]
@@ -436,16 +436,14 @@ def _vec_chunks(s: MatmulSpec, t: Tiling, aligned: bool, pad_a: int, pad_b: int)
 
     multiply = _unrolled(t.tk, step)
     if ahead:
-        lines += [f"  var kn = {k_start};", *(f"  {x}" for x in load_a + load_b)]
+        lines += [f"  var kn = {k_start};", *(f"  var {x}" for x in load_a + load_b)]
     lines.append(f"  for (var k0 = {k_start}; k0 < {k_end}; k0 = k0 + {w.u(t.tk)}) {{")
     if not ahead:
-        lines += [f"    {x}" for x in load_a + load_b]
+        lines += [f"    let {x}" for x in load_a + load_b]
     lines += stores + ["    workgroupBarrier();"]
     if ahead:
-        _, next_a = _tile_loads(s, t, "a", aligned, "kn", "")
-        _, next_b = _tile_loads(s, t, "b", aligned, "kn", "")
         lines += [f"    kn = k0 + {w.u(t.tk)};", f"    if (kn < {k_end}) {{",
-                  *(f"      {x}" for x in next_a + next_b), "    }"]
+                  *(f"      {x}" for x in load_a + load_b), "    }"]
     lines += [*multiply, "    workgroupBarrier();"]
     return [*lines, "  }"]
 
