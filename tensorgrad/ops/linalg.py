@@ -171,7 +171,7 @@ def choose_variant(spec: MatmulSpec, prefer_tiled: bool, storage: int = 16_384,
     if FORCE_VARIANT is not None:
         return FORCE_VARIANT
     if not prefer_tiled:
-        return choose_register_block(spec, along_k=not costly_compiles)
+        return choose_register_block(spec, costly_compiles)
     if spec.outputs <= REDUCE_MAX_OUTPUTS and spec.k >= REDUCE_MIN_K:
         return "reduce"
     if spec.outputs < 1024:

@@ -51,22 +51,27 @@ class RegisterBlock:
         return ("v" if self.vec else "") + ("k" if self.along_k else "")
 
 
-# Block sizes in the order the chooser tries them. Larger blocks gain little more: 8 x 16
-# ran 3% faster than 8 x 8 on lavapipe and 5% slower on SwiftShader, whose shader compiler
-# took 1.8x longer over the transformer's kernels (7.6 s vs 4.2 s). Column and row blocks
-# serve a matrix-vector product (N or M of 1, a head's or a bias-free layer's weight
-# gradient): on SwiftShader the MLP's [256, 64] @ [64, 1], its [64, 256] @ [256, 1] and
+# Block sizes in the order the chooser tries them. Larger blocks gain little more on
+# lavapipe: 8 x 16 ran 3% faster than 8 x 8 (`vk`, whose unrolled K loop makes 16 x 8 code
+# large). Column and row blocks serve a matrix-vector product (N or M of 1, a head's or a
+# bias-free layer's weight gradient): on SwiftShader the MLP's [256, 64] @ [64, 1], its [64, 256] @ [256, 1] and
 # [1, 256] @ [256, 64] ran in 0.03-0.08 ms as 8 x 1, 4 x 1 or 1 x 8 blocks against
 # 0.14-0.22 ms naive, a thread per output.
 _SIZES = ((8, 8), (4, 8), (8, 4), (4, 4), (8, 1), (1, 8), (4, 1), (1, 4))
+# Where compiles are dear (SwiftShader, `v` blocks) 16 x 8 comes first: with its outputs
+# stored in one loop it compiles as fast as 8 x 8 and ran 5-18% faster on the addition
+# transformer's shapes in Chromium ([1024, 64] @ [64, 256] 5.0 -> 5.7 GFLOP/s, its down
+# projection 5.7 -> 6.7, their weight gradients 6.4 -> 7.5); 16 x 16 ran 30% slower.
+_SIZES_COSTLY = ((16, 8), *_SIZES)
 REGISTER_BLOCKS = {f"regs{a}x{b}{blk.suffix}": blk
                    for vec, along_k in ((True, True), (True, False), (False, False))
-                   for a, b in _SIZES for blk in (RegisterBlock(a, b, vec, along_k),)}
+                   for a, b in _SIZES_COSTLY for blk in (RegisterBlock(a, b, vec, along_k),)}
 
 
-def choose_register_block(spec: MatmulSpec, along_k: bool = True) -> str:
-    """The largest vec4-reading block (`along_k`: the `vk` kind, else `v`) that pads the
-    output by at most MAX_PADDING and leaves at least CPU_MIN_WORKGROUPS workgroups; with
+def choose_register_block(spec: MatmulSpec, costly_compiles: bool = False) -> str:
+    """The largest vec4-reading block (the `vk` kind; where compiles are dear the `v` kind,
+    16 x 8 first) that pads the output by at most MAX_PADDING and leaves at least
+    CPU_MIN_WORKGROUPS workgroups; with
     too few blocks to share out, the largest that fits; "naive" where none fits (a dot
     product); measured on lavapipe and SwiftShader, 8 x 8 blocks ran 2-6x faster than
     16-apart 4 x 4 ones. A K past lavapipe's loop budget takes the tiled kernel, whose K loop
@@ -74,10 +79,10 @@ def choose_register_block(spec: MatmulSpec, along_k: bool = True) -> str:
     if spec.k > w.SOFTWARE_SERIAL_MAX_LENGTH:
         return "tiled1"
     fitting = []
-    for bm, bn in _SIZES:
+    for bm, bn in _SIZES_COSTLY if costly_compiles else _SIZES:
         blocks = spec.batch * -(-spec.m // bm) * -(-spec.n // bn)
         if blocks * bm * bn <= MAX_PADDING * spec.outputs:
-            name = f"regs{bm}x{bn}{'vk' if along_k else 'v'}"
+            name = f"regs{bm}x{bn}{'v' if costly_compiles else 'vk'}"
             if blocks >= CPU_MIN_WORKGROUPS * CPU_WORKGROUP:
                 return name
             fitting.append(name)

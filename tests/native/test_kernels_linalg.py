@@ -138,7 +138,8 @@ def _vector_slots(spec: MatmulSpec, variant: str) -> frozenset[int]:
                        ).vector_inputs
 
 
-@pytest.mark.parametrize("variant", ["regs8x8vk", "regs4x4vk", "regs8x4vk", "regs8x8v"])
+@pytest.mark.parametrize("variant", ["regs8x8vk", "regs4x4vk", "regs8x4vk", "regs8x8v",
+                                     "regs16x8v"])
 @pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("m, k, n", [(24, 16, 32), (20, 12, 12), (16, 10, 8), (9, 8, 7)])
 def test_register_blocks_read_vec4s_where_aligned(gpu_device, monkeypatch, variant: str,

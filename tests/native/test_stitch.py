@@ -93,7 +93,7 @@ def test_vec4_register_blocks_take_prologues_and_epilogues(gpu_device, monkeypat
     asyncio.run(check_graph_kernels(gpu_device, graph, b.values, target=target))
 
 
-@pytest.mark.parametrize("variant", ["regs8x8v", "regs4x8v", "regs8x1v"])
+@pytest.mark.parametrize("variant", ["regs16x8v", "regs8x8v", "regs4x8v", "regs8x1v"])
 @pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES[:3] + VECTOR_CASES])
 def test_costly_compile_targets_store_blocks_in_one_loop(gpu_device, monkeypatch, variant: str,
@@ -109,7 +109,7 @@ def test_costly_compile_targets_store_blocks_in_one_loop(gpu_device, monkeypatch
     kernels = [emit_node(graph, n, target, OPS).wgsl for n in graph.nodes
                if n.op == "fused" and "matmul" in {p.op[:6] for p in n.attrs["program"].nodes}]
     looped = variant != "regs8x1v" and not background
-    outputs = {"regs8x8v": 64, "regs4x8v": 32, "regs8x1v": 8}[variant]
+    outputs = {"regs16x8v": 128, "regs8x8v": 64, "regs4x8v": 32, "regs8x1v": 8}[variant]
     assert kernels and all(("var acc = array<f32," in k) == looped for k in kernels)
     calls = [k.count("epilogue(") - 1 for k in kernels if "fn epilogue(" in k]
     assert calls == [1 if looped else outputs] * len(calls)

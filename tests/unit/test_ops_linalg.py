@@ -148,12 +148,20 @@ def test_variant_choice(spec: MatmulSpec, tiled: bool, want: str) -> None:
 
 
 def test_software_targets_with_costly_compiles_take_blocks_without_unrolled_k() -> None:
-    """SwiftShader (its shader compiles are dear) gets `v` blocks, lavapipe `vk` ones."""
+    """SwiftShader (its shader compiles are dear) gets `v` blocks, 16 x 8 where there are
+    enough of them to share out, lavapipe `vk` ones."""
     from tensorgrad.codegen.kernel import Target
     from tensorgrad.gpu.interface import AdapterInfo, DeviceLimits
 
     spec = MatmulSpec(1, 1024, 64, 256)
-    assert choose_variant(spec, False, costly_compiles=True) == "regs8x8v"
+    assert choose_variant(spec, False, costly_compiles=True) == "regs16x8v"
+    assert choose_variant(spec, False) == "regs8x8vk"
+    # [64, 256] @ [256, 64] (the MLP's weight gradient) has 32 blocks of 16 x 8: one
+    # workgroup, one core; 8 x 8 leaves two
+    assert choose_variant(MatmulSpec(1, 64, 256, 64, ta=True), False,
+                          costly_compiles=True) == "regs8x8v"
+    # eight rows: 16-row blocks would pad the output twice over
+    assert choose_variant(MatmulSpec(1, 8, 64, 1024), False, costly_compiles=True) == "regs8x8v"
     swiftshader = AdapterInfo(vendor="google", architecture="swiftshader", software=True)
     lavapipe = AdapterInfo(vendor="llvmpipe", description="Mesa 22.3.6", software=True)
     assert Target.for_device(DeviceLimits(), swiftshader).costly_compiles
