@@ -10,6 +10,7 @@ rasterisers, or a workgroup per row past their loop budget.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
@@ -255,6 +256,22 @@ def _row_team(ctx: EmitContext, rows: int, length: int) -> int:
     return team
 
 
+def _serial_passes(stats: Sequence[RowStat]) -> list[list[RowStat]]:
+    """The stats in loops over the row for one thread: a stat joins the loop before it
+    unless its term reads a stat of that loop (LayerNorm's backward: the mean; the spread;
+    then Σg·x̂ and Σg in one loop, four loops becoming three); a stat without a term is a
+    group of its own."""
+    groups: list[list[RowStat]] = []
+    for st in stats:
+        last = groups[-1] if groups else None
+        if st.term is not None and last and last[0].term is not None and not any(
+                re.search(rf"\b{re.escape(other.name)}\b", st.term) for other in last):
+            last.append(st)
+        else:
+            groups.append([st])
+    return groups
+
+
 def row_kernel(ctx: EmitContext, stats: Sequence[RowStat], write: str,
                count: str | None = None) -> Kernel:
     """A kernel over the rows of `ctx`'s inputs ([rows, length] each, the last axis a row):
@@ -267,13 +284,19 @@ def row_kernel(ctx: EmitContext, stats: Sequence[RowStat], write: str,
     team = _row_team(ctx, rows, length)
     if team == 1:
         lines = [f"  let row = i;\n  let base = row * {w.u(length)};\n  let n = {n};"]
-        for k, st in enumerate(stats):
-            if st.term is None:
-                lines.append(f"  let {st.name} = {st.finish};")
+        k = 0
+        for group in _serial_passes(stats):
+            if group[0].term is None:
+                lines.append(f"  let {group[0].name} = {group[0].finish};")
                 continue
-            lines.append(f"""  var p{k} = {_init_value(st.combine)};
-  for (var j = 0u; j < n; j = j + 1u) {{ p{k} = {_combine(st.combine, f"p{k}", st.term)}; }}
-  let {st.name} = {st.finish.replace("acc", f"p{k}")};""")
+            ps = [f"p{k + g}" for g in range(len(group))]
+            k += len(group)
+            lines += [f"  var {p} = {_init_value(st.combine)};" for p, st in zip(ps, group)]
+            sums = " ".join(f"{p} = {_combine(st.combine, p, st.term or '')};"
+                            for p, st in zip(ps, group))
+            lines.append(f"  for (var j = 0u; j < n; j = j + 1u) {{ {sums} }}")
+            lines += [f"  let {st.name} = {st.finish.replace('acc', p)};"
+                      for p, st in zip(ps, group)]
         lines.append(f"  for (var j = 0u; j < {w.u(length)}; j = j + 1u) {{ {write} }}")
         return w.thread_kernel(ctx, "\n".join(lines), rows, size=w.serial_reduce_size(ctx))
     per = w.WG // team  # rows per workgroup

@@ -121,3 +121,19 @@ def test_gpu_rows_get_teams_of_32() -> None:
     node = next(n for n in b.graph.nodes if n.op == "log_softmax_last")
     wgsl = emit_node(b.graph, node, Target(), OPS).wgsl
     assert "let lane = lid % 32u;" in wgsl and "lid / 32u" in wgsl
+
+
+@pytest.mark.parametrize("center", [True, False])
+def test_serial_rows_share_loops_between_independent_stats(gpu_device, center: bool) -> None:
+    """One thread per row: LayerNorm's backward sums x (the mean), then the spread, Σg·x̂
+    and Σg in one loop (none reads another), then writes: three loops over the row, not
+    five; RMSNorm's backward (the spread, then Σg·x̂ in its loop) two, not three."""
+    norm = tg.layer_norm if center else tg.rms_norm
+    args = [Arg((70, 48)), Arg((48,))] + ([Arg((48,))] if center else [])
+    case = Case("layer_norm" if center else "rms_norm", norm, args, fd=False, name="serial")
+    target = Target(limits=gpu_device.limits, software=True)
+    b = build(case, with_grad=True)
+    node = next(n for n in b.graph.nodes if n.op == "normalize_last_grad")
+    wgsl = emit_node(b.graph, node, target, OPS).wgsl
+    assert wgsl.count("for (var j = 0u;") == (3 if center else 2)
+    assert "normalize_last_grad" in check(gpu_device, case, target=target)
