@@ -97,7 +97,8 @@ def gpt2_shapes() -> list[Shape]:
             Shape("gpt2 qkv fwd", r, d, 3 * d),
             Shape("gpt2 fwd up", r, d, 4 * d), Shape("gpt2 fwd down", r, 4 * d, d),
             Shape("gpt2 dW up (K=BT)", d, r, 4 * d, ta=True),
-            Shape("gpt2 dW up split-K 2", d, r // 2, 4 * d, ta=True, batch=2),
+            *(Shape(f"gpt2 dW up split-K {s}", d, r // s, 4 * d, ta=True, batch=s)
+              for s in (2, 4, 8)),
             Shape("gpt2 attn q@kᵀ", t, hd, t, batch=bh, tb=True),
             Shape("gpt2 attn p@v", t, t, hd, batch=bh),
             Shape("gpt2 attn p@v causal", t, t, hd, batch=bh, zeros_a="above"),
