@@ -54,14 +54,15 @@ class RegisterBlock:
 # Block sizes in the order the chooser tries them. Larger blocks gain little more on
 # lavapipe: 8 x 16 ran 3% faster than 8 x 8 (`vk`, whose unrolled K loop makes 16 x 8 code
 # large). Column and row blocks serve a matrix-vector product (N or M of 1, a head's or a
-# bias-free layer's weight gradient): on SwiftShader the MLP's [256, 64] @ [64, 1], its [64, 256] @ [256, 1] and
-# [1, 256] @ [256, 64] ran in 0.03-0.08 ms as 8 x 1, 4 x 1 or 1 x 8 blocks against
-# 0.14-0.22 ms naive, a thread per output.
+# bias-free layer's weight gradient): on SwiftShader the MLP's [256, 64] @ [64, 1], its
+# [64, 256] @ [256, 1] and [1, 256] @ [256, 64] ran in 0.03-0.08 ms as 8 x 1, 4 x 1 or
+# 1 x 8 blocks against 0.14-0.22 ms naive, a thread per output.
 _SIZES = ((8, 8), (4, 8), (8, 4), (4, 4), (8, 1), (1, 8), (4, 1), (1, 4))
-# Where compiles are dear (SwiftShader, `v` blocks) 16 x 8 comes first: with its outputs
-# stored in one loop it compiles as fast as 8 x 8 and ran 5-18% faster on the addition
-# transformer's shapes in Chromium ([1024, 64] @ [64, 256] 5.0 -> 5.7 GFLOP/s, its down
-# projection 5.7 -> 6.7, their weight gradients 6.4 -> 7.5); 16 x 16 ran 30% slower.
+# Where compiles are dear (SwiftShader, `v` blocks) 16 x 8 comes first: it ran 5-18%
+# faster on the addition transformer's shapes in Chromium ([1024, 64] @ [64, 256] 5.0 ->
+# 5.7 GFLOP/s, its down projection 5.7 -> 6.7, their weight gradients 6.4 -> 7.5) and
+# compiles in about twice the time (~60 ms against ~33 a kernel, its outputs stored in one
+# loop); 16 x 16 and 24 x 8 ran 30-40% slower.
 _SIZES_COSTLY = ((16, 8), *_SIZES)
 REGISTER_BLOCKS = {f"regs{a}x{b}{blk.suffix}": blk
                    for vec, along_k in ((True, True), (True, False), (False, False))
@@ -71,11 +72,10 @@ REGISTER_BLOCKS = {f"regs{a}x{b}{blk.suffix}": blk
 def choose_register_block(spec: MatmulSpec, costly_compiles: bool = False) -> str:
     """The largest vec4-reading block (the `vk` kind; where compiles are dear the `v` kind,
     16 x 8 first) that pads the output by at most MAX_PADDING and leaves at least
-    CPU_MIN_WORKGROUPS workgroups; with
-    too few blocks to share out, the largest that fits; "naive" where none fits (a dot
-    product); measured on lavapipe and SwiftShader, 8 x 8 blocks ran 2-6x faster than
-    16-apart 4 x 4 ones. A K past lavapipe's loop budget takes the tiled kernel, whose K loop
-    steps 16 at a time (checked there up to K = 150,000)."""
+    CPU_MIN_WORKGROUPS workgroups; with too few blocks to share out, the largest that fits;
+    "naive" where none fits (a dot product); measured on lavapipe and SwiftShader, 8 x 8
+    blocks ran 2-6x faster than 16-apart 4 x 4 ones. A K past lavapipe's loop budget takes
+    the tiled kernel, whose K loop steps 16 at a time (checked there up to K = 150,000)."""
     if spec.k > w.SOFTWARE_SERIAL_MAX_LENGTH:
         return "tiled1"
     fitting = []

@@ -258,9 +258,9 @@ def _row_team(ctx: EmitContext, rows: int, length: int) -> int:
 
 def _serial_passes(stats: Sequence[RowStat]) -> list[list[RowStat]]:
     """The stats in loops over the row for one thread: a stat joins the loop before it
-    unless its term reads a stat of that loop (LayerNorm's backward: the mean; the spread;
-    then Σg·x̂ and Σg in one loop, four loops becoming three); a stat without a term is a
-    group of its own."""
+    unless its term reads a stat of that loop (LayerNorm's backward: the mean, then the
+    spread, Σg·x̂ and Σg in one loop: two loops instead of four); a stat without a term is
+    a group of its own."""
     groups: list[list[RowStat]] = []
     for st in stats:
         last = groups[-1] if groups else None
