@@ -62,7 +62,7 @@ _SIZES = ((8, 8), (4, 8), (8, 4), (4, 4), (8, 1), (1, 8), (4, 1), (1, 4))
 # faster on the addition transformer's shapes in Chromium ([1024, 64] @ [64, 256] 5.0 ->
 # 5.7 GFLOP/s, its down projection 5.7 -> 6.7, their weight gradients 6.4 -> 7.5) and
 # compiles in about twice the time (~60 ms against ~33 a kernel, its outputs stored in one
-# loop); 16 x 16 and 24 x 8 ran 30-40% slower.
+# loop); 16 x 16, 24 x 8 and 32 x 4 ran 30-65% slower.
 _SIZES_COSTLY = ((16, 8), *_SIZES)
 REGISTER_BLOCKS = {f"regs{a}x{b}{blk.suffix}": blk
                    for vec, along_k in ((True, True), (True, False), (False, False))
