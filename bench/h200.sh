@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device call: before (.base, the tree before the change measured) and after, same GPU.
 # Usage on the device machine: bash bench/h200.sh [parts...]
-#   parts: base base-gpt2 report notorch matmul gpt2 gpt2-eager (PyTorch eager only) profile
+#   parts: base base-gpt2 report notorch matmul gpt2 gpt2-eager (PyTorch eager only)
+#   tg-gpt2 (GPT-2 without PyTorch) profile
 #   mixed mixed-gpt2 (default: base
 #   report matmul, in order); notorch: report without the PyTorch twin (the small models'
 #   host-bound figures, to compare with base's: PyTorch's CUDA context slows the Vulkan
@@ -9,7 +10,8 @@
 #   activations and loss scaling, the torch twin under torch.autocast float16 + GradScaler:
 #   compare with report / gpt2 of the same call);
 #   a part ending in -unchecked (report-unchecked, matmul-unchecked, gpt2-unchecked) runs
-#   with TENSORGRAD_RUNTIME_CHECKS=0 (kernels without bounds checks), its files named so
+#   with TENSORGRAD_RUNTIME_CHECKS=0 (kernels without bounds checks), its files named so;
+#   one ending in -bounds with TENSORGRAD_RUNTIME_CHECKS=bounds (bounds checks, no loop counters)
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -23,6 +25,7 @@ for part in "${parts[@]}"; do
   export TENSORGRAD_RUNTIME_CHECKS=1 TAG=""
   case $part in
     *-unchecked) part=${part%-unchecked} TENSORGRAD_RUNTIME_CHECKS=0 TAG=_unchecked ;;
+    *-bounds) part=${part%-bounds} TENSORGRAD_RUNTIME_CHECKS=bounds TAG=_bounds ;;
   esac
   case $part in
     report) timeout 300 python3 bench/report.py --steps 100 --json "$OUT/after$TAG.json" \
@@ -40,6 +43,9 @@ for part in "${parts[@]}"; do
     gpt2-eager) timeout 240 python3 bench/report.py --models gpt2 --steps 10 --warmup 2 \
               --replays 1 --no-torch-compile --json "$OUT/gpt2_eager$TAG.json" 2>&1 \
               | grep -v XDG | tee "$OUT/gpt2_eager$TAG.txt" ;;
+    tg-gpt2) timeout 200 python3 bench/report.py --models gpt2 --no-torch --steps 10 \
+              --warmup 2 --replays 1 --json "$OUT/tg_gpt2$TAG.json" 2>&1 | grep -v XDG \
+              | tee "$OUT/tg_gpt2$TAG.txt" ;;
     profile) timeout 240 python3 bench/report.py --models transformer,gpt,gpt2 --no-torch \
               --steps 10 --warmup 2 --replays 1 --json "$OUT/profile.json" 2>&1 \
               | grep -v XDG | tee "$OUT/profile.txt" ;;

@@ -8,11 +8,14 @@ Which Vulkan driver: see :mod:`tensorgrad.gpu.vulkan` (decided before the first 
 request of the process).
 
 Runtime checks: by default wgpu compiles every kernel with bounds checks on each array index
-and a counter on each loop. ``runtime_checks=False`` (or ``TENSORGRAD_RUNTIME_CHECKS=0``)
-compiles them without, through wgpu-native's trusted-module entry point. tensorgrad's kernels
-guard their own indices (the native suite passes with TENSORGRAD_RUNTIME_CHECKS=0, and
-tests/native/test_adapter.py compares the two on every run), so this changes no result; a
-kernel that did go out of bounds would read or write memory it does not own.
+and a counter on each loop. ``runtime_checks="bounds"`` (or ``TENSORGRAD_RUNTIME_CHECKS=bounds``)
+keeps the bounds checks and drops the loop counters (every loop tensorgrad emits counts up to
+a bound fixed at compile time or read from a uniform, so it ends without one);
+``runtime_checks=False`` (``TENSORGRAD_RUNTIME_CHECKS=0``) drops both. Both go through
+wgpu-native's trusted-module entry point. tensorgrad's kernels guard their own indices (the
+native suite passes with TENSORGRAD_RUNTIME_CHECKS=0, and tests/native/test_adapter.py
+compares the three on every run), so this changes no result; without bounds checks a kernel
+that did go out of bounds would read or write memory it does not own.
 
 This module requests the device; :mod:`tensorgrad.gpu.native_device` is the device (buffers,
 submissions, readback, loss) and :mod:`tensorgrad.gpu.native_program` its programs (bind
@@ -38,6 +41,7 @@ from .native_device import (  # noqa: F401  (STAGING_KEPT*: the readback pool's 
 from .native_program import (
     NativeKernel,
     NativeProgram,
+    RuntimeChecks,
     error_text,
     field_of,
     trusted_module_maker,
@@ -77,11 +81,14 @@ def _import_backend(backend: str | None) -> ModuleType:
                               "(or wgpudawn)") from err
 
 
-def _runtime_checks_default() -> bool:
+def _runtime_checks_default() -> RuntimeChecks:
     value = os.environ.get("TENSORGRAD_RUNTIME_CHECKS", "1").strip().lower()
-    if value not in ("0", "1", "false", "true", "off", "on", ""):
-        raise ValueError(f"TENSORGRAD_RUNTIME_CHECKS={value!r}: expected 1 (checks, the "
-                         f"default) or 0 (no bounds checks or loop counters in kernels)")
+    if value not in ("0", "1", "false", "true", "off", "on", "", "bounds"):
+        raise ValueError(f"TENSORGRAD_RUNTIME_CHECKS={value!r}: expected 1 (bounds checks and "
+                         f"loop counters, the default), bounds (bounds checks only) or 0 (no "
+                         f"bounds checks or loop counters in kernels)")
+    if value == "bounds":
+        return "bounds"
     return value not in ("0", "false", "off")
 
 
@@ -164,13 +171,14 @@ async def probe_native(backend: str | None = None) -> WebGPUSupport:
 
 
 async def request_native_device(backend: str | None = None,
-                                runtime_checks: bool | None = None,
+                                runtime_checks: RuntimeChecks | None = None,
                                 features: Sequence[str] = WANTED_FEATURES) -> NativeDevice:
     """A :class:`NativeDevice` at the adapter's limits (buffers capped at 2147483644 bytes).
 
     `backend` is ``"wgpu"`` or ``"wgpudawn"`` (default: ``TENSORGRAD_WGPU`` or ``wgpu``).
-    `runtime_checks` (default: ``TENSORGRAD_RUNTIME_CHECKS``, on): False compiles kernels
-    without bounds checks and loop counters (``wgpu`` only; see the module docstring).
+    `runtime_checks` (default: ``TENSORGRAD_RUNTIME_CHECKS``, on): True compiles kernels with
+    bounds checks and loop counters, ``"bounds"`` with bounds checks only, False with neither
+    (the last two: ``wgpu`` only; see the module docstring).
     `features`: the optional WebGPU features to enable where the adapter has them (standard
     names; default ``subgroups``, ``timestamp-query`` and ``shader-f16``, which
     ``precision="mixed"`` needs); ``device.info.features`` says which were enabled.
@@ -181,12 +189,12 @@ async def request_native_device(backend: str | None = None,
                          f"{list(WANTED_FEATURES)}, got {features!r}")
     if runtime_checks is None:
         runtime_checks = _runtime_checks_default()
-    elif not isinstance(runtime_checks, bool):
-        raise TypeError(f"request_native_device: runtime_checks must be a bool or None, "
-                        f"got {runtime_checks!r}")
+    elif not isinstance(runtime_checks, bool) and runtime_checks != "bounds":
+        raise TypeError(f"request_native_device: runtime_checks must be True, False, "
+                        f"'bounds' or None, got {runtime_checks!r}")
     wgpu = _import_backend(backend)
-    if not runtime_checks:
-        trusted_module_maker(wgpu.__name__)  # fail before making a device
+    if runtime_checks is not True:
+        trusted_module_maker(wgpu.__name__, runtime_checks)  # fail before making a device
     note = configure_vulkan_driver(wgpu.__name__)
     try:
         adapter = await _pick_adapter(wgpu)

@@ -32,6 +32,7 @@ from .interface import (
 from .native_program import (
     NativeKernel,
     NativeProgram,
+    RuntimeChecks,
     _Op,
     bind_group_entries,
     build_program,
@@ -54,6 +55,7 @@ STAGING_KEPT, STAGING_KEPT_BYTES = 8, 64 << 20  # free readback buffers pooled, 
 # wgpu-native spells some features its own way.
 NATIVE_FEATURE = {"subgroups": "subgroup"}
 _STANDARD_FEATURE = {v: k for k, v in NATIVE_FEATURE.items()}
+_CHECKS_NOTE = {True: "", "bounds": ", bounds checks only", False: ", no runtime checks"}
 
 
 def adapter_kind(info: Any) -> str:
@@ -114,7 +116,7 @@ class NativeDevice:
     """A WebGPU device from wgpu-py (``wgpu`` or ``wgpudawn``). See :class:`GPUDevice`."""
 
     def __init__(self, wgpu: ModuleType, adapter: Any, device: Any, driver_note: str = "",
-                 runtime_checks: bool = True):
+                 runtime_checks: RuntimeChecks = True):
         self.wgpu = wgpu
         self.backend = wgpu.__name__
         self.adapter = adapter
@@ -123,8 +125,8 @@ class NativeDevice:
         self._raw = raw_pass_calls()
         self.driver_note = driver_note
         self.runtime_checks = runtime_checks
-        self._create_module = (checked_module if runtime_checks
-                               else trusted_module_maker(self.backend))
+        self._create_module = (checked_module if runtime_checks is True
+                               else trusted_module_maker(self.backend, runtime_checks))
         info = dict(adapter.info)
         self.adapter_info = info
         lim = device.limits
@@ -142,7 +144,7 @@ class NativeDevice:
         name = " ".join(str(p) for p in parts if p)
         self.description = (f"{self.backend} {wgpu.__version__}: {name} "
                             f"({info.get('backend_type', '?')}, {info.get('adapter_type', '?')})"
-                            + ("" if runtime_checks else ", no runtime checks"))
+                            + _CHECKS_NOTE[runtime_checks])
         self.info = AdapterInfo(
             vendor=str(info.get("vendor") or ""), architecture=str(info.get("architecture") or ""),
             description=name, backend=str(info.get("backend_type") or ""),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from .interface import Binding, BufferHandle, Copy, Dispatch, KernelHandle, split_slice
 
@@ -207,10 +207,16 @@ def checked_module(device: Any, wgsl: str, label: str) -> Any:
     return device.create_shader_module(label=label, code=wgsl)
 
 
-def trusted_module_maker(backend: str) -> ModuleMaker:
-    """A `(device, wgsl, label) -> GPUShaderModule` that compiles without runtime checks,
-    through wgpu-native's `wgpuDeviceCreateShaderModuleTrusted` (wgpu-py has no method for
-    it). ValueError where that entry point is not there (wgpudawn, another wgpu-py)."""
+RuntimeChecks = bool | Literal["bounds"]
+"""True: bounds checks and loop counters (wgpu's default); "bounds": bounds checks only;
+False: neither."""
+
+
+def trusted_module_maker(backend: str, checks: RuntimeChecks = False) -> ModuleMaker:
+    """A `(device, wgsl, label) -> GPUShaderModule` that compiles with bounds checks only
+    (`checks` "bounds") or no runtime checks (False), through wgpu-native's
+    `wgpuDeviceCreateShaderModuleTrusted` (wgpu-py has no method for it). ValueError where
+    that entry point is not there (wgpudawn, another wgpu-py)."""
     try:
         if backend != "wgpu":
             raise ImportError(backend)
@@ -220,8 +226,9 @@ def trusted_module_maker(backend: str) -> ModuleMaker:
         new_struct_p, string_view = _api.new_struct_p, _api.to_c_string_view
         ffi, lib, module_type = _api.ffi, _api.lib, _api.GPUShaderModule
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"runtime_checks=False needs wgpu-native's trusted shader modules, "
-                         f"which the {backend!r} backend does not have ({err})") from err
+        raise ValueError(f"runtime_checks={checks!r} needs wgpu-native's trusted shader "
+                         f"modules, which the {backend!r} backend does not have ({err})") from err
+    flags = 0x1 if checks == "bounds" else 0  # WGPUShaderRuntimeChecks_BoundsChecks, _None
 
     def make(device: Any, wgsl: str, label: str) -> Any:
         source = new_struct_p("WGPUShaderSourceWGSL *", code=string_view(wgsl))
@@ -230,7 +237,7 @@ def trusted_module_maker(backend: str) -> ModuleMaker:
         desc = new_struct_p("WGPUShaderModuleDescriptor *",
                             nextInChain=ffi.cast("WGPUChainedStruct *", source),
                             label=string_view(label))
-        handle = create(device._internal, desc, 0)  # WGPUShaderRuntimeChecks_None
+        handle = create(device._internal, desc, flags)
         if handle == ffi.NULL:
             raise RuntimeError("shader module creation failed")
         return module_type(label, handle, device)

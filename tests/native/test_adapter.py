@@ -372,30 +372,34 @@ def test_the_browser_adapter_checks_pass_natively(gpu_device: NativeDevice, name
     run(CHECKS[name](gpu_device))
 
 
-def test_kernels_without_runtime_checks_compute_the_same(gpu_device: NativeDevice) -> None:
-    """A device whose kernels are compiled without bounds checks or loop counters trains
-    the MLP to the same bits, and its GPU-target kernels (tiled matmuls, row teams, with
-    prologues and epilogues) match the reference interpreter."""
+@pytest.mark.parametrize("checks", ["bounds", False])
+def test_kernels_with_fewer_runtime_checks_compute_the_same(gpu_device: NativeDevice,
+                                                            checks: bool | str) -> None:
+    """A device whose kernels are compiled with bounds checks only, or with neither bounds
+    checks nor loop counters, trains the MLP to the same bits, and its GPU-target kernels
+    (tiled matmuls, row teams, with prologues and epilogues) match the reference
+    interpreter."""
     from tensorgrad.gpu.native import request_native_device
     from tests.kernel_check import check_graph_kernels
     from tests.models import demo
     from tests.native.test_fusion import train_losses
     from tests.native.test_stitch import CASES, _stitched
 
-    unchecked = run(request_native_device(runtime_checks=False))
+    fewer = run(request_native_device(runtime_checks=checks))
     try:
-        assert gpu_device.runtime_checks and not unchecked.runtime_checks
-        assert unchecked.description.endswith(", no runtime checks")
+        assert gpu_device.runtime_checks is True and fewer.runtime_checks == checks
+        assert fewer.description.endswith(", bounds checks only" if checks
+                                          else ", no runtime checks")
         mod = demo("mlp_sin")
         checked_losses, _ = run(train_losses(gpu_device, mod, mod.MLP(), True, 6))
-        unchecked_losses, _ = run(train_losses(unchecked, mod, mod.MLP(), True, 6))
-        assert unchecked_losses == checked_losses
-        gpu_target = Target(limits=unchecked.limits, software=False)
+        fewer_losses, _ = run(train_losses(fewer, mod, mod.MLP(), True, 6))
+        assert fewer_losses == checked_losses
+        gpu_target = Target(limits=fewer.limits, software=False)
         for case in CASES:
             b, graph = _stitched(case)
-            run(check_graph_kernels(unchecked, graph, b.values, target=gpu_target))
+            run(check_graph_kernels(fewer, graph, b.values, target=gpu_target))
     finally:
-        unchecked.destroy()
+        fewer.destroy()
 
 
 def test_runtime_checks_off_is_refused_clearly_where_it_cannot_work(monkeypatch) -> None:
@@ -404,11 +408,15 @@ def test_runtime_checks_off_is_refused_clearly_where_it_cannot_work(monkeypatch)
     with pytest.raises(ValueError, match=r"runtime_checks=False needs wgpu-native's trusted "
                                          r"shader modules, which the 'wgpudawn' backend"):
         native.trusted_module_maker("wgpudawn")
-    with pytest.raises(TypeError, match=r"runtime_checks must be a bool or None, got 'no'"):
+    with pytest.raises(ValueError, match=r"runtime_checks='bounds' needs wgpu-native's "):
+        native.trusted_module_maker("wgpudawn", "bounds")
+    with pytest.raises(TypeError, match=r"runtime_checks must be True, False, 'bounds' or None, "
+                                        r"got 'no'"):
         run(native.request_native_device(runtime_checks="no"))
     monkeypatch.setenv("TENSORGRAD_RUNTIME_CHECKS", "maybe")
     with pytest.raises(ValueError, match=r"TENSORGRAD_RUNTIME_CHECKS='maybe': expected 1"):
         run(native.request_native_device())
-    for value, want in (("0", False), ("off", False), ("1", True), ("", True)):
+    for value, want in (("0", False), ("off", False), ("1", True), ("", True),
+                        ("bounds", "bounds"), (" Bounds", "bounds")):
         monkeypatch.setenv("TENSORGRAD_RUNTIME_CHECKS", value)
-        assert native._runtime_checks_default() is want
+        assert native._runtime_checks_default() == want
