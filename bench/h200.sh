@@ -11,7 +11,8 @@
 #   compare with report / gpt2 of the same call);
 #   a part ending in -unchecked (report-unchecked, matmul-unchecked, gpt2-unchecked) runs
 #   with TENSORGRAD_RUNTIME_CHECKS=0 (kernels without bounds checks), its files named so;
-#   one ending in -bounds with TENSORGRAD_RUNTIME_CHECKS=bounds (bounds checks, no loop counters)
+#   one ending in -checked with TENSORGRAD_RUNTIME_CHECKS=1 (wgpu's loop counters as well as
+#   the default's bounds checks)
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -22,10 +23,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi -L
 parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(base report matmul)
 for part in "${parts[@]}"; do
-  export TENSORGRAD_RUNTIME_CHECKS=1 TAG=""
+  unset TENSORGRAD_RUNTIME_CHECKS; TAG=""
   case $part in
-    *-unchecked) part=${part%-unchecked} TENSORGRAD_RUNTIME_CHECKS=0 TAG=_unchecked ;;
-    *-bounds) part=${part%-bounds} TENSORGRAD_RUNTIME_CHECKS=bounds TAG=_bounds ;;
+    *-unchecked) part=${part%-unchecked}; export TENSORGRAD_RUNTIME_CHECKS=0 TAG=_unchecked ;;
+    *-checked) part=${part%-checked}; export TENSORGRAD_RUNTIME_CHECKS=1 TAG=_checked ;;
   esac
   case $part in
     report) timeout 300 python3 bench/report.py --steps 100 --json "$OUT/after$TAG.json" \

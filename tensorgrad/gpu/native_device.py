@@ -55,7 +55,8 @@ STAGING_KEPT, STAGING_KEPT_BYTES = 8, 64 << 20  # free readback buffers pooled, 
 # wgpu-native spells some features its own way.
 NATIVE_FEATURE = {"subgroups": "subgroup"}
 _STANDARD_FEATURE = {v: k for k, v in NATIVE_FEATURE.items()}
-_CHECKS_NOTE = {True: "", "bounds": ", bounds checks only", False: ", no runtime checks"}
+_CHECKS_NOTE = {True: ", bounds checks and loop counters", "bounds": "",
+                False: ", no runtime checks"}
 
 
 def adapter_kind(info: Any) -> str:

@@ -11,10 +11,11 @@ with S times more workgroups, each doing 1/S of the work, and one reduction of S
 output. Two reasons to split: a big product (at least :data:`MIN_WORK` multiply-adds) is cut
 into chunks of :data:`CHUNK` rows; a small output (fewer than :data:`FILL_TILES` 64x64 tiles,
 e.g. an LM head's [D, vocab] or a narrow model's [D, 4D] gradient) is split until it has
-that many, down to chunks of :data:`MIN_CHUNK` rows; a big product with too few 128x128
-tiles for the largest tiling (:data:`BIG_TILES`) is split into chunks of at least
-:data:`CHUNK` rows until it has them, when K is at least twice M and N. Products under :data:`MIN_FILL_WORK`
-multiply-adds are left alone: a second kernel costs more than they gain.
+that many, down to chunks of :data:`MIN_CHUNK` rows; a big product whose partials have
+fewer than :data:`BIG_TILES` 128x128 tiles (the largest tiling's) is split into chunks of at
+least :data:`CHUNK` rows until they have them, when K is at least twice M and N. Products
+under :data:`MIN_FILL_WORK` multiply-adds are left alone: a second kernel costs more than
+they gain.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ MAX_SPLITS = 16
 FILL_TILES = 128       # 64x64 output tiles that keep a large GPU busy
 MIN_FILL_WORK = 1 << 22
 MIN_CHUNK = 128
-BIG_TILES = 256        # 128x128 output tiles the largest matmul tiling wants (linalg.py)
+BIG_TILES = 768        # 128x128 output tiles the largest matmul tiling wants (linalg.py)
 
 
 def splits_for(m: int, k: int, n: int) -> int:
@@ -42,8 +43,10 @@ def splits_for(m: int, k: int, n: int) -> int:
         return s
 
     # A big product whose output has too few 128x128 tiles for the largest matmul tiling
-    # (GPT-2's [768, 3072] MLP gradients over 8,192 rows: 144 tiles, 14 TFLOP/s in 64x128
-    # tiles) is split until the partials have enough.
+    # is split until the partials have enough: GPT-2's [768, 3072] MLP gradients over 8,192
+    # rows (144 tiles) ran 24.5 TFLOP/s whole, 28.4 / 33.8 / 36.9 split 2 / 4 / 8 ways
+    # (H100, 2026-12-06; its step 218.7 -> 211.6 ms from 2 to 8; 16 ways, BIG_TILES 1536,
+    # gave the step back 1.3 ms).
     big_tiles = -(-m // 128) * -(-n // 128)
     by_big = halvings(-(-BIG_TILES // big_tiles), CHUNK) \
         if m * n * k >= MIN_WORK and big_tiles < BIG_TILES and k >= 2 * max(m, n) else 1

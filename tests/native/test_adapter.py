@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 
 import numpy as np
 import pytest
@@ -372,34 +373,37 @@ def test_the_browser_adapter_checks_pass_natively(gpu_device: NativeDevice, name
     run(CHECKS[name](gpu_device))
 
 
-@pytest.mark.parametrize("checks", ["bounds", False])
-def test_kernels_with_fewer_runtime_checks_compute_the_same(gpu_device: NativeDevice,
-                                                            checks: bool | str) -> None:
-    """A device whose kernels are compiled with bounds checks only, or with neither bounds
-    checks nor loop counters, trains the MLP to the same bits, and its GPU-target kernels
-    (tiled matmuls, row teams, with prologues and epilogues) match the reference
-    interpreter."""
+@pytest.mark.parametrize("checks", [True, False])
+def test_kernels_with_other_runtime_checks_compute_the_same(gpu_device: NativeDevice,
+                                                           checks: bool) -> None:
+    """The default device compiles its kernels with bounds checks only ("bounds"); one with
+    wgpu's loop counters as well (True), or with neither (False), trains the MLP to the
+    same bits, and its GPU-target kernels (tiled matmuls, row teams, with prologues and
+    epilogues) match the reference interpreter."""
     from tensorgrad.gpu.native import request_native_device
     from tests.kernel_check import check_graph_kernels
     from tests.models import demo
     from tests.native.test_fusion import train_losses
     from tests.native.test_stitch import CASES, _stitched
 
-    fewer = run(request_native_device(runtime_checks=checks))
+    other = run(request_native_device(runtime_checks=checks))
     try:
-        assert gpu_device.runtime_checks is True and fewer.runtime_checks == checks
-        assert fewer.description.endswith(", bounds checks only" if checks
+        assert other.runtime_checks is checks
+        assert other.description.endswith(", bounds checks and loop counters" if checks
                                           else ", no runtime checks")
+        if "TENSORGRAD_RUNTIME_CHECKS" not in os.environ:  # the session device: the default
+            assert gpu_device.runtime_checks == "bounds"
+            assert not gpu_device.description.endswith(("checks", "counters"))
         mod = demo("mlp_sin")
-        checked_losses, _ = run(train_losses(gpu_device, mod, mod.MLP(), True, 6))
-        fewer_losses, _ = run(train_losses(fewer, mod, mod.MLP(), True, 6))
-        assert fewer_losses == checked_losses
-        gpu_target = Target(limits=fewer.limits, software=False)
+        default_losses, _ = run(train_losses(gpu_device, mod, mod.MLP(), True, 6))
+        other_losses, _ = run(train_losses(other, mod, mod.MLP(), True, 6))
+        assert other_losses == default_losses
+        gpu_target = Target(limits=other.limits, software=False)
         for case in CASES:
             b, graph = _stitched(case)
-            run(check_graph_kernels(fewer, graph, b.values, target=gpu_target))
+            run(check_graph_kernels(other, graph, b.values, target=gpu_target))
     finally:
-        fewer.destroy()
+        other.destroy()
 
 
 def test_runtime_checks_off_is_refused_clearly_where_it_cannot_work(monkeypatch) -> None:
@@ -416,7 +420,10 @@ def test_runtime_checks_off_is_refused_clearly_where_it_cannot_work(monkeypatch)
     monkeypatch.setenv("TENSORGRAD_RUNTIME_CHECKS", "maybe")
     with pytest.raises(ValueError, match=r"TENSORGRAD_RUNTIME_CHECKS='maybe': expected 1"):
         run(native.request_native_device())
-    for value, want in (("0", False), ("off", False), ("1", True), ("", True),
+    for value, want in (("0", False), ("off", False), ("1", True), ("on", True), ("", None),
                         ("bounds", "bounds"), (" Bounds", "bounds")):
         monkeypatch.setenv("TENSORGRAD_RUNTIME_CHECKS", value)
         assert native._runtime_checks_default() == want
+    # unset: bounds checks only where wgpu-native compiles so, all checks on wgpudawn
+    assert native._default_checks("wgpu") == "bounds"
+    assert native._default_checks("wgpudawn") is True

@@ -216,14 +216,16 @@ def test_long_weight_gradients_are_split_along_k() -> None:
 
     assert splits_for(256, 4096, 1024) == 8
     assert splits_for(64, 256, 64) == 1          # small: one kernel is enough
-    assert splits_for(2048, 4096, 2048) == 1     # K not long beside M, N
+    assert splits_for(2048, 2048, 2048) == 1     # K not long beside M, N
     # few output tiles: split until there are enough (an LM head's gradient, a narrow model)
     assert splits_for(256, 4096, 65) == 16
     assert splits_for(256, 1024, 64) == 8
     assert splits_for(64, 512, 64) == 1          # too little work for a second kernel
     # too few 128x128 tiles for the largest tiling: GPT-2's MLP and QKV gradients
-    assert splits_for(768, 8192, 3072) == 2
-    assert splits_for(768, 8192, 2304) == 4
+    assert splits_for(768, 8192, 3072) == 8
+    assert splits_for(3072, 8192, 768) == 8
+    assert splits_for(768, 8192, 2304) == 8
+    assert splits_for(2048, 4096, 2048) == 4     # 256 tiles
     assert splits_for(768, 8192, 50304) == 1     # an LM head's gradient has tiles enough
     assert splits_for(768, 4096, 3072) == 1      # K not twice M and N
     with tracing() as st:
