@@ -44,7 +44,7 @@ for part in "${parts[@]}"; do
     gpt2-eager) timeout 240 python3 bench/report.py --models gpt2 --steps 10 --warmup 2 \
               --replays 1 --no-torch-compile --json "$OUT/gpt2_eager$TAG.json" 2>&1 \
               | grep -v XDG | tee "$OUT/gpt2_eager$TAG.txt" ;;
-    tg-gpt2) timeout 200 python3 bench/report.py --models gpt2 --no-torch --steps 10 \
+    tg-gpt2) timeout 200 python3 bench/report.py --models gpt2 --no-torch --steps 10 ${REPORT_ARGS:-} \
               --warmup 2 --replays 1 --json "$OUT/tg_gpt2$TAG.json" 2>&1 | grep -v XDG \
               | tee "$OUT/tg_gpt2$TAG.txt" ;;
     profile) timeout 240 python3 bench/report.py --models transformer,gpt,gpt2 --no-torch \
