@@ -134,10 +134,11 @@ def append_scaled_grad(graph: Graph, loss: int, frozen: Collection[str] = ()
         append_grad(graph, loss, frozen)  # raises the error of a loss that is not a 0-d f32
     with tracing(graph, capture=False):
         scale = leaf("input", LOSS_SCALE, (), "f32")
+        # made before the backward, so a gradient's unscaling can run as soon as it is summed
+        unscale = leaf("input", LOSS_UNSCALE, (), "f32")
         scaled = ops.mul(Tensor(graph, loss), scale)
     grads = append_grad(graph, scaled.id, frozen)
     with tracing(graph, capture=False):
-        unscale = leaf("input", LOSS_UNSCALE, (), "f32")
         return {name: ops.mul(Tensor(graph, g), unscale).id for name, g in grads.items()}
 
 

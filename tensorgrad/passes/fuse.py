@@ -143,9 +143,10 @@ def group_program(graph: Graph, members: list[int]) -> tuple[FusedProgram, list[
 
 def merge_groups(graph: Graph, groups: Mapping[int, list[int]], absorbed: set[int],
                  protected: set[int]) -> tuple[Graph, dict[int, int]]:
-    """The graph with each group (its last member -> its members, topological order) made one
-    `fused` node at its last member's place; `absorbed` nodes go, and so does any other node
-    that nothing reads any more. Returns it and the map old id -> new id."""
+    """The graph with each group (the member where it goes -> its members, topological
+    order, the result last; usually the last member's place) made one `fused` node that
+    stands for its last member; `absorbed` nodes go, and so does any other node that nothing
+    reads any more. Returns it and the map old id -> new id."""
     out = Graph()
     remap: dict[int, int] = {}
     for node in graph.nodes:
@@ -153,8 +154,11 @@ def merge_groups(graph: Graph, groups: Mapping[int, list[int]], absorbed: set[in
             continue
         if node.id in groups:
             program, externals = group_program(graph, groups[node.id])
+            last = graph[groups[node.id][-1]]
             new = out.add("fused", tuple(remap[i] for i in externals), {"program": program},
-                          node.shape, node.dtype, node.site)
+                          last.shape, last.dtype, last.site)
+            remap[last.id] = new.id
+            continue
         else:
             new = out.add(node.op, tuple(remap[i] for i in node.inputs), node.attrs,
                           node.shape, node.dtype, node.site)

@@ -116,6 +116,16 @@ def _epilogue(graph: Graph, core: Node, users: list[list[int]], blocked: set[int
     return consumer.id
 
 
+def _place(members: list[int], core: int, externals: list[int]) -> int:
+    """Where a stitched kernel goes: at its core, unless an input of its epilogue is made
+    later (then at the first member after it). An epilogue has the core's size, so running
+    it with the core ends its inputs' lives sooner and no value lives longer than unmerged
+    (mixed precision's gradients, unscaled by a late multiply, would otherwise hold their
+    split-K partials to the end of the backward)."""
+    after = max(externals, default=-1)
+    return next(m for m in members if m >= core and m > after)
+
+
 def stitch_kernels(graph: Graph, protected: Iterable[int], max_inputs: int = MAX_INPUTS,
                    software: bool = False) -> tuple[Graph, dict[int, int]]:
     """A new graph with prologues and epilogues merged into the kernels that allow them;
@@ -144,9 +154,10 @@ def stitch_kernels(graph: Graph, protected: Iterable[int], max_inputs: int = MAX
         if len(members) == 1:
             continue
         ordered = sorted(members)
-        if len(group_program(graph, ordered)[1]) > max_inputs:
+        externals = group_program(graph, ordered)[1]
+        if len(externals) > max_inputs:
             continue  # over the binding limit: leave this one unstitched
         taken |= members - copies
-        merges[ordered[-1]] = ordered
+        merges[_place(ordered, core.id, externals)] = ordered
 
     return merge_groups(graph, merges, taken, protected)  # (copies stay while read)

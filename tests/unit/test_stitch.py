@@ -74,6 +74,34 @@ def test_a_reduction_takes_its_elementwise_input_and_its_scale() -> None:
     assert _kernels(out) == ["fused(sub, mul, sum_last, mul_scalar)"]
 
 
+def test_an_epilogue_runs_with_its_core_unless_it_reads_a_later_value() -> None:
+    """A stitched kernel goes where its core was when the epilogue's other inputs exist by
+    then (the core's inputs then die there, not at the consumer), else after the last of
+    them; values unchanged."""
+    with tracing() as st:
+        x = leaf("input", "x", (8, 4))
+        s = leaf("input", "s", ())
+        z = leaf("input", "z", (5,))
+        w = leaf("param", "w", (4, 3))
+        h = tg.matmul(x, w)
+        t = tg.sum(tg.tanh(z))                  # other work, made after the core
+        y = h * s                               # the consumer comes after it
+        h2 = tg.matmul(x, w * 2.0)
+        u = tg.sum(tg.exp(z))
+        y2 = h2 * u                             # reads a value made after its core
+    st.graph.outputs = [y.id, t.id, y2.id]
+    out, remap = _both(st.graph, set())
+    assert _kernels(out) == ["fused(matmul, mul)", "fused(tanh, sum_last)",
+                             "fused(exp, sum_last)", "fused(mul_scalar, matmul, mul)"]
+    assert remap[y.id] < remap[t.id] < remap[u.id] < remap[y2.id]
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((8, 4)), "s": np.array(0.5), "z": rng.standard_normal(5),
+             "w": rng.standard_normal((4, 3))}
+    want, got = evaluate(st.graph, feeds), evaluate(out, feeds)
+    for v in (y, t, y2):
+        np.testing.assert_array_equal(got[remap[v.id]], want[v.id])
+
+
 def test_a_needed_core_result_takes_no_epilogue() -> None:
     with tracing() as st:
         x = leaf("input", "x", (8, 4))
