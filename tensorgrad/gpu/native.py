@@ -92,8 +92,10 @@ def _runtime_checks_default() -> RuntimeChecks | None:
         raise ValueError(f"TENSORGRAD_RUNTIME_CHECKS={value!r}: expected 1 (bounds checks and "
                          f"loop counters), bounds (bounds checks only, the default) or 0 (no "
                          f"bounds checks or loop counters in kernels)")
-    if value in ("", "bounds"):
-        return None if value == "" else "bounds"
+    if value == "":
+        return None
+    if value == "bounds":
+        return "bounds"
     return value not in ("0", "false", "off")
 
 
@@ -210,7 +212,7 @@ async def request_native_device(backend: str | None = None,
     wgpu = _import_backend(backend)
     if runtime_checks is None:
         runtime_checks = _default_checks(wgpu.__name__)
-    if runtime_checks is not True:
+    elif runtime_checks is not True:
         trusted_module_maker(wgpu.__name__, runtime_checks)  # fail before making a device
     note = configure_vulkan_driver(wgpu.__name__)
     try:

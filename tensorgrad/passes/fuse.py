@@ -150,19 +150,15 @@ def merge_groups(graph: Graph, groups: Mapping[int, list[int]], absorbed: set[in
     out = Graph()
     remap: dict[int, int] = {}
     for node in graph.nodes:
-        if node.id in absorbed and node.id not in groups:
-            continue
         if node.id in groups:
             program, externals = group_program(graph, groups[node.id])
             last = graph[groups[node.id][-1]]
-            new = out.add("fused", tuple(remap[i] for i in externals), {"program": program},
-                          last.shape, last.dtype, last.site)
-            remap[last.id] = new.id
-            continue
-        else:
-            new = out.add(node.op, tuple(remap[i] for i in node.inputs), node.attrs,
-                          node.shape, node.dtype, node.site)
-        remap[node.id] = new.id
+            remap[last.id] = out.add("fused", tuple(remap[i] for i in externals),
+                                     {"program": program}, last.shape, last.dtype,
+                                     last.site).id
+        elif node.id not in absorbed:
+            remap[node.id] = out.add(node.op, tuple(remap[i] for i in node.inputs),
+                                     node.attrs, node.shape, node.dtype, node.site).id
     out.outputs = [remap[i] for i in graph.outputs]
     out.captures = {k: remap[v] for k, v in graph.captures.items()}
     return drop_unread(out, remap, protected)
