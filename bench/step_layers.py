@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import build  # the repository's build.py
+from bench.bench_browser import exec_py  # session.exec: the value's repr, or raise
 
 DEMOS = {"mlp_sin": "MLP", "addition_transformer": "AdditionTransformer"}
 
@@ -179,17 +180,6 @@ def _batches_json(n=64):
 _layers.batches_json = _batches_json
 json.dumps({{k: list(v) for k, v in _layers.INPUTS.items()}})
 """
-
-
-def exec_py(page, source: str) -> str | None:
-    """Run `source` in the worker (session.exec); its last expression's value."""
-    reply = page.evaluate("""async (src) => {
-      try { return { ok: true, result: await session.exec(src) }; }
-      catch (e) { return { ok: false, error: e.traceback || e.message }; }
-    }""", source)
-    if not reply["ok"]:
-        raise RuntimeError(f"in the worker:\n{reply['error']}")
-    return reply["result"]
 
 
 def main(argv: list[str] | None = None) -> int:
