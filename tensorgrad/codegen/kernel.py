@@ -62,9 +62,15 @@ class Target:
 
 @dataclass(frozen=True)
 class EmitContext:
+    """What an emitter sees: the node, its inputs, the target. `swapped_reads`: the input
+    slots a stitched prologue reads from storage whose second-to-last logical axis is the
+    contiguous one (a permute's source, e.g. attention heads merged back): an emitter that
+    coalesces its loads along one axis may walk that one instead (the values are the same)."""
+
     node: Node
     inputs: tuple[Node, ...]
     target: Target
+    swapped_reads: frozenset[int] = frozenset()
 
 
 def dispatch_size(threads: int, workgroup_size: int) -> tuple[int, int, int]:

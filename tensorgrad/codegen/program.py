@@ -137,10 +137,12 @@ def _emit_stitched(ctx: EmitContext, program: FusedProgram, core: int,
 
     emit = ops[cnode.op].emit
     assert emit is not None
+    swapped = frozenset(s for s, ref in enumerate(cnode.inputs)
+                        if contiguous_axis(program, ref, lambda k: ctx.inputs[k].shape) == -2)
     inner = emit(EmitContext(
         Node(ctx.node.id, cnode.op, (), cnode.attrs, cnode.shape, cnode.dtype),
         tuple(Node(-1, "input", (), {}, shape_of(r), dtype_of(r)) for r in cnode.inputs),
-        ctx.target))
+        ctx.target, swapped))
     text = "\n".join(line for line in inner.wgsl.splitlines()
                      if not line.startswith("@group(0) @binding("))
     functions: list[str] = []
@@ -174,6 +176,46 @@ def _emit_stitched(ctx: EmitContext, program: FusedProgram, core: int,
     wgsl = "\n".join([w.bindings(ctx.inputs, ctx.node, vectors), *shared, *functions, text])
     return Kernel(wgsl, inner.threads, inner.workgroup_size, vector_inputs=vectors,
                   quick_refused=inner.quick_refused)
+
+
+def contiguous_axis(program: FusedProgram, ref: int, external_shape: Callable[[int], Shape]
+                    ) -> int | None:
+    """Which trailing axis of value `ref` (-1 or -2) steps by one element in the storage it
+    is read from, following reshapes, permutes and elementwise ops of one full-size operand
+    back to an external input (from the value's first elements); None for anything else
+    (an external input itself reads its last axis contiguously: -1)."""
+    def shape(r: int) -> Shape:
+        return external_shape(-r - 1) if r < 0 else program.nodes[r].shape
+
+    def source(flat: int) -> int | None:
+        r = ref
+        while r >= 0:
+            n = program.nodes[r]
+            if n.op == "permute":
+                src = w.strides(shape(n.inputs[0]))
+                weights = [src[p] for p in n.attrs["perm"]]
+                moved = 0
+                for dim, weight in zip(reversed(n.shape), reversed(weights)):
+                    flat, i = divmod(flat, dim)
+                    moved += i * weight
+                flat = moved
+            elif n.op != "reshape":
+                full = [x for x in n.inputs if shape(x) == n.shape]
+                if len(full) != 1:
+                    return None
+                r = full[0]
+                continue
+            r = n.inputs[0]
+        return flat
+
+    dims = shape(ref)
+    if len(dims) < 2 or (first := source(0)) is None:
+        return None
+    if dims[-1] > 1 and source(1) == first + 1:
+        return -1
+    if dims[-2] > 1 and source(dims[-1]) == first + 1:
+        return -2
+    return None
 
 
 def _vector_bindings(program: FusedProgram, core: int, slots: frozenset[int]) -> frozenset[int]:

@@ -324,6 +324,8 @@ def _tile_loads(s: MatmulSpec, t: Tiling, operand: str, aligned: bool, kvar: str
     tile = t.tile_m if is_a else t.tile_n
     size, inp = (s.m, "in0") if is_a else (s.n, "in1")
     contiguous_rows = s.ta if is_a else not s.tb   # stored [K, rows]: rows contiguous
+    if s.a_swapped if is_a else s.b_swapped:  # read through a permute: the other axis is
+        contiguous_rows = not contiguous_rows
     base_fn = s.a_base if is_a else s.b_base
     o0 = "gm0" if is_a else "gn0"
     pre, loads = [], []
@@ -494,7 +496,8 @@ def _emit(ctx: EmitContext) -> Kernel:
         batch, m = 1, prod(ctx.node.shape[:-1])  # lhs leading dims flattened into rows
     spec = MatmulSpec(batch, m, k, n, ta, tb, b_batched=batched,
                       zeros_a=ctx.node.attrs.get("zeros_a"),
-                      zeros_b=ctx.node.attrs.get("zeros_b"))
+                      zeros_b=ctx.node.attrs.get("zeros_b"),
+                      a_swapped=0 in ctx.swapped_reads, b_swapped=1 in ctx.swapped_reads)
     quick = ctx.target.quick and FORCE_VARIANT is None
     if quick and spec.batch * spec.m * spec.n * spec.k <= QUICK_MAX_MACS:
         return emit_matmul(ctx, spec, QUICK_VARIANT)  # a tiered start's first kernels

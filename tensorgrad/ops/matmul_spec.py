@@ -17,7 +17,10 @@ class MatmulSpec:
     matmul are flattened into m, batch 1). `ta`/`tb`: operand stored transposed;
     `b_batched`: B has a batch axis (else it is shared); `zeros_a` / `zeros_b`: a triangle
     of the logical operand that is exactly zero ("above": column > row, "below": column <
-    row; see passes/triangles.py), which the K loops skip."""
+    row; see passes/triangles.py), which the K loops skip. `a_swapped` / `b_swapped`: the
+    operand is read through a stitched permute from storage whose other trailing axis is
+    the contiguous one (:attr:`EmitContext.swapped_reads`): the tiled kernels coalesce its
+    tile loads along that axis."""
 
     batch: int
     m: int
@@ -28,6 +31,8 @@ class MatmulSpec:
     b_batched: bool = True
     zeros_a: str | None = None
     zeros_b: str | None = None
+    a_swapped: bool = False
+    b_swapped: bool = False
 
     @property
     def outputs(self) -> int:

@@ -8,7 +8,9 @@ import asyncio
 import pytest
 
 import tensorgrad as tg
+import tensorgrad.codegen.program as program_module
 from tensorgrad.codegen.kernel import Target, emit_node
+from tensorgrad.codegen.program import contiguous_axis, is_core
 from tensorgrad.ops import OPS, linalg
 from tensorgrad.ops.linalg import VARIANTS
 from tensorgrad.passes import fuse_elementwise, stitch_kernels
@@ -114,6 +116,46 @@ def test_costly_compile_targets_store_blocks_in_one_loop(gpu_device, monkeypatch
     calls = [k.count("epilogue(") - 1 for k in kernels if "fn epilogue(" in k]
     assert calls == [1 if looped else outputs] * len(calls)
     asyncio.run(check_graph_kernels(gpu_device, graph, b.values, target=target))
+
+
+# Operands read through a permute from storage whose other trailing axis is contiguous:
+# attention heads merged back from [B, H, D, T] (A; its weight gradient reads it transposed),
+# a weight stored [N, K] (B).
+SWAPPED_CASES = [
+    Case("matmul", lambda o, w: tg.matmul(tg.reshape(tg.permute(o, (0, 3, 1, 2)), (40, 18)),
+                                          w) * 0.5,
+         [Arg((2, 3, 6, 20)), Arg((18, 21))], name="merged-heads"),
+    Case("matmul", lambda x, v: tg.relu(tg.matmul(x, tg.permute(v * 2.0, (1, 0)))),
+         [Arg((33, 19)), Arg((23, 19))], name="weight-stored-transposed"),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in SWAPPED_CASES])
+def test_tiled_matmuls_coalesce_along_a_permuted_operands_contiguous_axis(
+        gpu_device, monkeypatch, case: Case) -> None:
+    """A stitched operand whose storage has its second-to-last axis contiguous is loaded
+    into the tiles along that axis (other code than with the axis unknown), with the same
+    values, for every tiled variant on a GPU target."""
+    b, graph = _stitched(case)
+    cores = [n for n in graph.nodes if n.op == "fused" and
+             any(p.op.startswith("matmul") for p in n.attrs["program"].nodes)]
+    swapped = set()
+    for node in cores:
+        program = node.attrs["program"]
+        core = program.core(lambda n: is_core(n, OPS))
+        for slot, ref in enumerate(program.nodes[core].inputs):
+            if contiguous_axis(program, ref, lambda k, n=node: graph[n.inputs[k]].shape) == -2:
+                swapped.add(slot)
+    assert swapped == ({0} if case.name == "merged-heads" else {1}), swapped
+    target = Target(limits=gpu_device.limits, software=False)
+    for variant in [v for v in VARIANTS if v.startswith("tiled")]:
+        monkeypatch.setattr(linalg, "FORCE_VARIANT", variant)
+        emitted = [emit_node(graph, n, target, OPS).wgsl for n in cores]
+        with monkeypatch.context() as m:
+            m.setattr(program_module, "contiguous_axis", lambda *a: -1)
+            unknown = [emit_node(graph, n, target, OPS).wgsl for n in cores]
+        assert emitted != unknown, variant
+        asyncio.run(check_graph_kernels(gpu_device, graph, b.values, target=target))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
