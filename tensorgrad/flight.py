@@ -113,6 +113,12 @@ class CallQueue:
         """True while a call holds the turn."""
         return self._busy
 
+    @property
+    def idle(self) -> bool:
+        """True when no call holds the turn and none waits for it: a call made now would
+        run at once."""
+        return not self._busy and not self._waiters
+
     def submit(self, fn: Callable[[], Awaitable[T]]) -> Coroutine[Any, Any, T]:
         """Queue ``fn()``; a coroutine of its result. When an event loop runs, the call is
         already under way as a task (so it keeps its place even if the coroutine is awaited

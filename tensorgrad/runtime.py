@@ -27,6 +27,7 @@ from .gpu.interface import (
     GPUDevice,
     KernelHandle,
     ProgramHandle,
+    relay,
     split_slice,
 )
 from .hostdata import IndexBound, first_rejected, from_bytes, sentinel_only, to_bytes
@@ -276,6 +277,41 @@ class Executable:
         what :meth:`run` returns (await it exactly once). Whatever runs on this device after
         that (another run, a read, a write) comes after it on the GPU. `states`: bytes to
         write into state leaves {name: bytes} before the run, after the inputs."""
+        writes = self._writes(feeds, states)
+        reads, captures = self._reads(read_captures)
+        async with self.lock:
+            if self.destroyed:
+                raise AbortError("graph destroyed")
+            if self.upgrading is not None and self.upgrading[1].ready():
+                self._swap_in_upgrade()
+            readback = await self.device.submit(self.program, writes, reads)
+            if self.upgrade is not None and not self.destroyed:
+                self._start_upgrade()
+        return self._unpack(readback, captures)
+
+    def submit_now(self, feeds: Mapping[str, bytes], states: Mapping[str, bytes],
+                   done: Callable[[Ran | BaseException], None]) -> bool:
+        """:meth:`submit` (captures read) without an event loop, where nothing is to be
+        waited for: no other submission under way, no tiered start's optimized kernels to
+        start or swap in (it runs on the quick ones meanwhile, as :meth:`submit`), a device
+        that submits at once (:meth:`GPUDevice.submit_now
+        <tensorgrad.gpu.interface.GPUDevice.submit_now>`). True once submitted: `done` is
+        then called with what :meth:`run` returns, or the error, when it is in. False:
+        nothing was done. Bad feeds raise as in :meth:`submit`, before anything is done."""
+        if not self.lock.idle or self.destroyed or self.upgrade is not None or (
+                self.upgrading is not None and self.upgrading[1].ready()):
+            return False  # (submit starts the optimized kernels, or swaps them in)
+        writes = self._writes(feeds, states)
+        reads, captures = self._reads(True)
+
+        def unpacked(got: list[memoryview]) -> Ran:
+            return self._unpacked(got, captures)
+
+        return self.device.submit_now(self.program, writes, reads, relay(done, unpacked))
+
+    def _writes(self, feeds: Mapping[str, bytes], states: Mapping[str, bytes] | None
+                ) -> list[tuple[Binding, HostBytes]]:
+        """The buffer writes of a run: every input of `feeds` (checked), then `states`."""
         writes: list[tuple[Binding, HostBytes]] = []
         inputs = self.inputs
         for name, node in inputs.items():
@@ -292,16 +328,7 @@ class Executable:
                              f"{sorted(n for n in inputs if not n.startswith('_'))}")
         if states:
             writes += [(self.leaf_buffer("state", name), data) for name, data in states.items()]
-        reads, captures = self._reads(read_captures)
-        async with self.lock:
-            if self.destroyed:
-                raise AbortError("graph destroyed")
-            if self.upgrading is not None and self.upgrading[1].ready():
-                self._swap_in_upgrade()
-            readback = await self.device.submit(self.program, writes, reads)
-            if self.upgrade is not None and not self.destroyed:
-                self._start_upgrade()
-        return self._unpack(readback, captures)
+        return writes
 
     def _reads(self, captures: bool) -> tuple[Sequence[tuple[Binding, int]],
                                               Sequence[tuple[str, int]]]:
@@ -320,7 +347,9 @@ class Executable:
 
     async def _unpack(self, readback: Awaitable[list[memoryview]],
                       captures: Sequence[tuple[str, int]]) -> Ran:
-        got = await readback
+        return self._unpacked(await readback, captures)
+
+    def _unpacked(self, got: list[memoryview], captures: Sequence[tuple[str, int]]) -> Ran:
         out_node = self.graph[self.output_id]
         out = from_bytes(got[0], out_node.shape, out_node.dtype)
         applied = True

@@ -5,11 +5,8 @@ steps (the params, the optimizer's step counter and LR). Create one with :func:`
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import copy
 import math
-import threading
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +18,13 @@ from .forward import Forward
 from .gpu import GPUDevice
 from .handle import Handle, Shapes, non_finite_input, raising, scalar
 from .hostdata import scalar_bytes, to_bytes
+from .inflight import Flight, InFlight, NextStep
 from .ir import Graph
 from .lr import LR, rebase
 from .module import Module
 from .optim import OptimizerConfig, OptimizerPlan
 from .precision import LossScale, LossScaler, check_precision
-from .results import Captures, Completed, Failed, Result
+from .results import Aborted, Captures, Completed, Failed, Result
 from .runtime import Executable, ParamStore, Ran
 from .skipped import non_finite_grad, non_finite_param, non_finite_update
 from .tensor import Tensor
@@ -38,8 +36,6 @@ if TYPE_CHECKING:
     from .ir import DType
     from .trace import InputSpec
 
-MAX_IN_FLIGHT = 4
-"""Steps submitted and not yet finished, at most: a step beyond waits for the oldest."""
 # The chain flag's writes before a step: none, 1 (a fresh step), 0 (a forced skip).
 _NO_STATES: Mapping[str, bytes] = {}
 _CHAIN_WRITE = {STEP_CHAIN: scalar_bytes(1.0, "f32")}
@@ -78,15 +74,14 @@ class Training(Handle):
         self._scaler = LossScaler(loss_scale or LossScale()) if precision == "mixed" else None
         # Steps in flight (submitted, results not in yet), oldest first, and what the next
         # one assumes: every step before it applied (see _step).
-        self._flight: deque[_InFlight] = deque()
-        self._flight_lock = threading.Lock()
+        self._flight = Flight()
         self._submitting = CallQueue()  # one submission at a time (steps, resubmissions)
         self._next_t = 0
         self._next_scaler: LossScaler | None = None
         # The executable whose chain flag is known to be 1 before the next fresh step (the
         # last step of it ran and was applied, or the flag was written): None when unsure.
         self._chain_set: Executable | None = None
-        self._queue.settle = self._settle
+        self._queue.settle = self._flight.settle
 
     def _build(self, model: Module, optimizer: OptimizerConfig, seed: int | None) -> None:
         seed = check_seed(seed)
@@ -237,89 +232,133 @@ class Training(Handle):
             raise AbortError("no graph")
         loop = asyncio.get_running_loop()
         if self._flight:
-            await self._make_room(loop)
+            await self._flight.make_room(loop)
         feeds = dict(data)
         self._feed_seed(exe, feeds)
-        step = _InFlight(exe, data, feeds, loop)
+        step = InFlight(exe, data, feeds, loop)
         if self._flight:
             async with self._submitting:
                 await self._submit(step, fresh=not self._flight)
-                before = self._enter(step)
+                before = self._flight.enter(step)
         else:
             await self._submit(step, fresh=True)
-            before = self._enter(step)
+            before = self._flight.enter(step)
         return self._finished(step, before)
 
-    def _enter(self, step: _InFlight) -> _InFlight | None:
-        """Put submitted `step` in the flight; the step before it there, if any."""
-        with self._flight_lock:
-            before = self._flight[-1] if self._flight else None
-            self._flight.append(step)
-        return before
+    # The worker's express steps (tensorgrad.web.worker.express): a step that finds nothing
+    # to wait for (no call of this training queued or running, room in the flight, a device
+    # that submits at once) is submitted outside the event loop, and its readback finishes
+    # it from the JS event loop when it is the oldest in flight and was applied: the same
+    # submission and bookkeeping as _step and _finished, without a call's tasks and
+    # futures. Any other step finishes as _finished does, in a task.
+    def _step_now(self, inputs: Mapping[str, InputData], reply: Callable[[Result], None],
+                  loop: asyncio.AbstractEventLoop) -> bool:
+        """Submit a step now, without the event loop, if nothing is to be waited for:
+        True, and `reply(result)` is called with what :meth:`step` would return once the
+        result is in (from the JS event loop or a task of `loop`). False: nothing was done
+        (call :meth:`step`). The caller makes sure no call is about to be made before it
+        (no callback is ready to run in `loop`)."""
+        exe = self._exe
+        if (exe is None or self._destroyed or not self._queue.idle
+                or not self._submitting.idle or not self._flight.room_in(loop)):
+            return False
+        checked = self._checked("step", inputs)
+        if isinstance(checked, Failed):
+            return False  # (step() tells)
+        generation, prng = self._generation, self._prng_counter
 
-    async def _submit(self, step: _InFlight, fresh: bool) -> None:
+        def arrived(ran: Ran | BaseException) -> None:
+            if isinstance(ran, BaseException):
+                readback.set_exception(ran)
+            else:
+                readback.set_result(ran)
+            result = self._finish_now(step, readback, generation)
+            if result is not None:
+                reply(result)
+                return
+            rest = loop.create_task(self._guard(lambda: self._finished(step, before),
+                                                generation, started=True))
+            rest.add_done_callback(lambda task: reply(task.result()))
+
+        try:
+            feeds = dict(checked[1])
+            self._feed_seed(exe, feeds)
+            step = InFlight(exe, checked[1], feeds, loop)
+            next_step = self._next_feeds(step, fresh=not self._flight)
+            readback: asyncio.Future[Ran] = loop.create_future()
+            before = self._flight.newest
+            taken = exe.submit_now(next_step.feeds, next_step.states, arrived)
+        except Exception:  # noqa: BLE001 - step() does it again, or fails it
+            taken = False
+            self._chain_set = None  # (unsure)
+        if not taken:
+            self._prng_counter = prng
+            return False
+        self._submitted(step, next_step)
+        step.readback = readback
+        self._flight.enter(step)
+        return True
+
+    def _finish_now(self, step: InFlight, readback: asyncio.Future[Ran], generation: int
+                    ) -> Result | None:
+        """An express step's result if it needs no wait: its readback is in (the one it was
+        submitted with) and applied, and it is the oldest in flight; else None."""
+        if (step.readback is not readback or self._flight.oldest is not step
+                or readback.exception() is not None):
+            return None
+        out, caps, applied = readback.result()
+        try:
+            loss = scalar(out)
+        except Exception:  # noqa: BLE001 - _finished tells
+            return None
+        result = self._applied(step, loss, caps, applied)
+        if result is None:
+            return None
+        self._flight.end(step)
+        if generation != self._generation or self._destroyed:
+            return Aborted()
+        return result
+
+    async def _submit(self, step: InFlight, fresh: bool) -> None:
         """Submit `step` as the next after those in flight (`fresh`: none is, the host's
         counts are exact and the chain flag is 1, written first unless known to be)."""
-        exe = step.exe
-        states = _NO_STATES
-        if fresh:
-            self._next_t = self._t
-            self._next_scaler = None if self._scaler is None else copy.copy(self._scaler)
-            if self._chain_set is not exe:
-                states = _CHAIN_WRITE
-        t = self._next_t + 1
-        scalars = self._opt.host_scalars(self._lr, t)
-        if self._next_scaler is not None:
-            scalars.update(self._next_scaler.scalars())
-        feeds = dict(step.feeds)
-        for name, value in scalars.items():
-            feeds[name] = scalar_bytes(value, "f32")
+        next_step = self._next_feeds(step, fresh)
         try:
-            step.readback = await exe.submit(feeds, states=states)
+            step.readback = await step.exe.submit(next_step.feeds, states=next_step.states)
         except BaseException:
             self._chain_set = None  # (the step may have run)
             raise
-        if states:
-            self._chain_set = exe
-        step.t, step.submitted = t, feeds
-        self._next_t = t
-        if self._next_scaler is not None:
-            self._next_scaler.update(overflow=False)
+        self._submitted(step, next_step)
 
-    async def _make_room(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Wait for the oldest step in flight while MAX_IN_FLIGHT are, or for every one when
-        they run in another event loop (steps in flight share one loop)."""
-        while True:
-            with self._flight_lock:
-                if not self._flight:
-                    return
-                if self._flight[0].loop is not loop:
-                    wait = self._flight[-1]
-                elif len(self._flight) >= MAX_IN_FLIGHT:
-                    wait = self._flight[0]
-                else:
-                    return
-                settled = None if wait.loop is loop else wait.settled()
-            if settled is None:
-                await wait.done
-            else:
-                await asyncio.wrap_future(settled)
-
-    async def _settle(self) -> None:
-        """Wait until every step in flight is finished (before any other call runs)."""
-        if not self._flight:
-            return
-        with self._flight_lock:
-            if not self._flight:
-                return
-            last = self._flight[-1]
-            settled = None if last.loop is asyncio.get_running_loop() else last.settled()
-        if settled is None:
-            await last.done
+    def _next_feeds(self, step: InFlight, fresh: bool) -> NextStep:
+        """What `step` is submitted with as the next step (nothing changed yet)."""
+        states = _NO_STATES
+        if fresh:
+            before_t = self._t
+            scaler = None if self._scaler is None else copy.copy(self._scaler)
+            if self._chain_set is not step.exe:
+                states = _CHAIN_WRITE
         else:
-            await asyncio.wrap_future(settled)
+            before_t, scaler = self._next_t, self._next_scaler
+        t = before_t + 1
+        scalars = self._opt.host_scalars(self._lr, t)
+        if scaler is not None:
+            scalars.update(scaler.scalars())
+        feeds = dict(step.feeds)
+        for name, value in scalars.items():
+            feeds[name] = scalar_bytes(value, "f32")
+        return NextStep(feeds, states, t, scaler)
 
-    async def _finished(self, step: _InFlight, before: _InFlight | None) -> Result:
+    def _submitted(self, step: InFlight, next_step: NextStep) -> None:
+        """`step` was submitted with `next_step`: the counts the step after it assumes."""
+        if next_step.states:
+            self._chain_set = step.exe
+        step.t, step.submitted = next_step.t, next_step.feeds
+        self._next_t, self._next_scaler = next_step.t, next_step.scaler
+        if next_step.scaler is not None:
+            next_step.scaler.update(overflow=False)
+
+    async def _finished(self, step: InFlight, before: InFlight | None) -> Result:
         """The second part of a step, after its turn: once the step before it is finished
         (steps finish in call order), its result, once its readback is in (it is then the
         oldest in flight)."""
@@ -331,30 +370,31 @@ class Training(Handle):
                 out, caps, applied = await step.readback
                 loss = scalar(out)
             except BaseException:
-                self._chain_set = None
-                self._pop()
+                self._lost_readback()
                 raise
-            if applied and math.isfinite(loss):
-                self._t = step.t
-                if self._scaler is not None:
-                    self._scaler.update(overflow=False)
-                self._pop()
-                return Completed(loss=loss, captures=Captures(caps))
-            return await self._finish_skipped(step, loss, caps)
+            return (self._applied(step, loss, caps, applied)
+                    or await self._finish_skipped(step, loss, caps))
         finally:
-            step.done.set_result(None)
-            with self._flight_lock:
-                settled, step.finished = step.waited, True
-            if settled is not None:
-                settled.set_result(None)
+            self._flight.end(step)
 
-    def _pop(self) -> None:
-        """The oldest step in flight is finished (the host's counts include it): out of the
-        flight."""
-        with self._flight_lock:
-            self._flight.popleft()
+    def _applied(self, step: InFlight, loss: float, caps: Mapping[str, Any], applied: bool
+                 ) -> Completed | None:
+        """The result of the oldest step in flight if the GPU applied it (out of the flight,
+        counted), else None (skipped: its loss and captures tell why)."""
+        if not (applied and math.isfinite(loss)):
+            return None
+        self._t = step.t
+        if self._scaler is not None:
+            self._scaler.update(overflow=False)
+        self._flight.pop()
+        return Completed(loss=loss, captures=Captures(caps))
 
-    async def _finish_skipped(self, step: _InFlight, loss: float, caps: Mapping[str, Any]
+    def _lost_readback(self) -> None:
+        """The oldest step in flight has no readback (its error is its result)."""
+        self._chain_set = None
+        self._flight.pop()
+
+    async def _finish_skipped(self, step: InFlight, loss: float, caps: Mapping[str, Any]
                               ) -> Result:
         """The result of the oldest step in flight, skipped on the GPU; the steps after it
         are submitted again (before it leaves the flight: a step submitted meanwhile is one
@@ -367,13 +407,12 @@ class Training(Handle):
                 return await self._skipped_result(step, loss, caps)
             finally:
                 await self._resubmit_after(step)
-                self._pop()
+                self._flight.pop()
 
-    async def _resubmit_after(self, skipped: _InFlight) -> None:
+    async def _resubmit_after(self, skipped: InFlight) -> None:
         """Submit the steps after `skipped` again (the guard skipped them on the GPU),
         the first fresh; one that cannot be submitted gets that error as its result."""
-        with self._flight_lock:
-            later = list(self._flight)[1:]
+        later = self._flight.after_oldest()
         fresh = True
         for step in later:
             assert step.readback is not None
@@ -387,7 +426,7 @@ class Training(Handle):
             except Exception as e:  # noqa: BLE001 - the step's result
                 step.readback, fresh = raising(e), True
 
-    async def _skipped_result(self, step: _InFlight, loss: float, caps: Mapping[str, Any]
+    async def _skipped_result(self, step: InFlight, loss: float, caps: Mapping[str, Any]
                               ) -> Result:
         """A skipped step's result: Completed(skipped=True) for a mixed-precision overflow
         (the scale backs off), else Failed naming why."""
@@ -540,35 +579,6 @@ class Training(Handle):
         if self._store is not None:
             self._store.destroy()
         self._exe = self._store = None
-
-
-class _InFlight:
-    """A step submitted whose result is not in yet: its executable, the user's bytes, its
-    feeds but the per-step scalars (the PRNG seed included), the event loop it was called in
-    and a future of its end there (`done`); once submitted, its readback, step counter and
-    whole feeds. A waiter in another thread asks for :meth:`settled` (under the flight
-    lock), which the step's end resolves too."""
-
-    __slots__ = ("data", "done", "exe", "feeds", "finished", "loop", "readback", "submitted",
-                 "t", "waited")
-
-    def __init__(self, exe: Executable, data: dict[str, bytes], feeds: dict[str, bytes],
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.exe, self.data, self.feeds, self.loop = exe, data, feeds, loop
-        self.done: asyncio.Future[None] = loop.create_future()
-        self.readback: Awaitable[Ran] | None = None
-        self.t = 0
-        self.submitted: dict[str, bytes] = {}
-        self.finished = False  # (under the flight lock)
-        self.waited: concurrent.futures.Future[None] | None = None
-
-    def settled(self) -> concurrent.futures.Future[None]:
-        """A future of its end for any thread (called under the flight lock)."""
-        if self.waited is None:
-            self.waited = concurrent.futures.Future()
-            if self.finished:
-                self.waited.set_result(None)
-        return self.waited
 
 
 def _fixed_shape(decl: InputDecl) -> tuple[int, ...]:

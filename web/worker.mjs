@@ -42,6 +42,7 @@ const holdingLock = LIFE_LOCK && self.navigator?.locks
   : Promise.resolve(false);
 
 let handle = null;      // Python: tensorgrad.web.worker.handle (async), once ready
+let express = null;     // Python: tensorgrad.web.worker.express (a step's fast path), too
 let startError = null;  // set when start-up failed: every request is answered with it
 const queued = [];      // requests that arrived before Python was ready
 
@@ -102,10 +103,22 @@ async function dispatch(msg) {
   }
 }
 
+// A step message is offered to express() first: it submits the step at once when nothing is
+// to be waited for, and posts the reply itself (true); otherwise handle() takes it.
+function takenByExpress(msg) {
+  if (msg?.kind !== "step") return false;
+  try {
+    return express(msg) === true;
+  } catch {
+    return false;  // (Python answers its own errors: this is Pyodide failing; handle() tells)
+  }
+}
+
 self.onmessage = (event) => {
   const msg = event.data;
-  if (handle) dispatch(msg);
-  else if (startError) self.postMessage({ id: msg?.id, ok: false, error: startError });
+  if (handle) {
+    if (!takenByExpress(msg)) dispatch(msg);
+  } else if (startError) self.postMessage({ id: msg?.id, ok: false, error: startError });
   else queued.push(msg);
 };
 
@@ -359,7 +372,9 @@ async function start() {
                        features: { ...JSPI, trampoline: booted.trampoline } }, [data.buffer]);
     return;
   }
-  handle = pyodide.pyimport("tensorgrad.web.worker").handle;
+  const worker = pyodide.pyimport("tensorgrad.web.worker");
+  handle = worker.handle;
+  express = worker.express;
   // Ready callbacks in batches, a few browser tasks a step (tensorgrad/web/loop.py); after
   // Pyodide's own start-up (a restore sets up its event loop again), before any message.
   pyodide.pyimport("tensorgrad.web.loop").install();

@@ -31,6 +31,7 @@ from .interface import (
     ProgramHandle,
     ReadyKernels,
     WebGPUSupport,
+    relay,
     split_slice,
 )
 
@@ -53,8 +54,8 @@ _LIMITS = {
 
 
 _JS_FUNCTIONS = ("createBuffer", "writeBuffer", "createKernel", "createKernels", "startKernels",
-                 "createProgram", "destroyProgram", "execute", "submit", "readBuffers", "destroy",
-                 "lostReason")
+                 "createProgram", "destroyProgram", "execute", "submit", "submitNow", "readBuffers",
+                 "destroy", "lostReason")
 _helper: Any = None
 
 
@@ -299,6 +300,37 @@ class BrowserDevice:
             await self._await(ready)
         return self._readback(job, reads)
 
+    def submit_now(self, program: ProgramHandle, writes: Sequence[tuple[Binding, HostBytes]],
+                   reads: Sequence[tuple[Binding, int]],
+                   done: Callable[[list[memoryview] | BaseException], None]) -> bool:
+        """:meth:`submit` without an event loop where no wait is needed (a one-chunk program
+        already checked, every kernel validated): True once submitted, `done` then called
+        with the bytes of each read, or the error, when they are in (from the JS event
+        loop). False when it would have to wait: nothing was done."""
+        if self._unchecked:
+            return False
+        from pyodide.ffi import create_proxy
+
+        def split(out: Any) -> list[memoryview]:
+            return self._split(out, reads)
+
+        relayed = relay(done, split)
+
+        def arrived(out: Any, error: Any) -> None:
+            relayed(out if error is None else _js_error(error))
+
+        args = self._args(writes, reads)
+        plan = cast(BrowserProgram, program).plan
+        callback = create_proxy(arrived)
+        try:
+            taken = self._lost_mapped(lambda: self._call("submitNow", plan, args, callback))
+        except BaseException:
+            callback.destroy()
+            raise
+        if not taken:
+            callback.destroy()
+        return bool(taken)
+
     async def _readback(self, job: Any, reads: Sequence[tuple[Binding, int]]
                         ) -> list[memoryview]:
         self.ffi_calls += 1  # the attribute read
@@ -310,6 +342,10 @@ class BrowserDevice:
         """The JS arguments of a step: the writes as one blob, the reads flat."""
         if self._unchecked:
             await self.check_kernels()
+        return self._args(writes, reads)
+
+    def _args(self, writes: Sequence[tuple[Binding, HostBytes]],
+              reads: Sequence[tuple[Binding, int]]) -> Any:
         blob = bytearray()
         handles, offsets, sizes = [], [], []
         for buffer, data in writes:
@@ -376,6 +412,16 @@ class _BrowserPendingKernels:
 
     def cancel(self) -> None:
         self._job = None  # the JS pipelines are collected once the job settles
+
+
+def _js_error(error: Any) -> BaseException:
+    """The exception of a rejected JS promise, as awaiting it would raise it (a JS Error
+    arrives as a JsException; the helper's DeviceLostError becomes tensorgrad's)."""
+    if str(getattr(error, "name", "")) == "DeviceLostError":
+        return DeviceLostError(str(error.message))
+    if isinstance(error, BaseException):
+        return error
+    return RuntimeError(f"a JS promise was rejected with {error!r}")
 
 
 def _flat_reads(reads: Sequence[tuple[Binding, int]]) -> list[Any]:

@@ -11,9 +11,9 @@ the whole step with a constant number of FFI calls.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NewType, Protocol
+from typing import TYPE_CHECKING, Any, NewType, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 BufferHandle = NewType("BufferHandle", object)
 KernelHandle = NewType("KernelHandle", object)
 ProgramHandle = NewType("ProgramHandle", object)
+R = TypeVar("R")
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,24 @@ class BufferSlice:
 
 # What a kernel binds, and where the interface reads or writes: a whole buffer or a slice.
 Binding = BufferHandle | BufferSlice
+
+
+def relay(done: Callable[[R | BaseException], None], convert: Callable[[V], R]
+          ) -> Callable[[V | BaseException], None]:
+    """A callback for a value that arrives later (or the error instead): it hands `done`
+    ``convert(value)``, or the error, or the exception `convert` raised."""
+    def arrived(got: V | BaseException) -> None:
+        if isinstance(got, BaseException):
+            done(got)
+            return
+        try:
+            converted = convert(got)
+        except Exception as exc:  # noqa: BLE001 - the receiver's result
+            done(exc)
+            return
+        done(converted)
+
+    return arrived
 
 
 def split_slice(buffer: Binding) -> tuple[BufferHandle, int, int | None]:
@@ -267,6 +287,16 @@ class GPUDevice(Protocol):
         the caller awaits exactly once. Whatever is written, run or read after this returns
         runs after the step on the GPU (WebGPU's queue order), so the next step can be
         submitted while this one's readback is still on its way."""
+        ...
+
+    def submit_now(self, program: ProgramHandle, writes: Sequence[tuple[Binding, HostBytes]],
+                   reads: Sequence[tuple[Binding, int]],
+                   done: Callable[[list[memoryview] | BaseException], None]) -> bool:
+        """:meth:`submit` without an event loop, where the device can submit the step
+        without waiting for anything: True once it is submitted, `done` then called (from
+        the host's event loop) with the bytes of each read, or the error, when they are in.
+        False when it cannot: nothing was done (the browser's express steps; a device may
+        always answer False)."""
         ...
 
     async def read_buffers(self, reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:

@@ -502,6 +502,12 @@ class NativeDevice:
                 self.queue.submit([command_buffer])
         return self._readback(pending, planned, nbytes)
 
+    def submit_now(self, program: ProgramHandle, writes: Sequence[tuple[Binding, HostBytes]],
+                   reads: Sequence[tuple[Binding, int]],
+                   done: Callable[[list[memoryview] | BaseException], None]) -> bool:
+        """False: steps here go through :meth:`submit` (an event loop is always there)."""
+        return False
+
     async def _readback(self, pending: deque[tuple[Any, Any]],
                         planned: list[tuple[Any, int, int, Any]],
                         nbytes: list[int]) -> list[memoryview]:

@@ -23,14 +23,16 @@ import functools
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ..gpu import in_pyodide
 
-__all__ = ["BATCH_SECONDS", "install", "loop_class"]
+__all__ = ["BATCH_SECONDS", "idle_loop", "install", "loop_class"]
 
 BATCH_SECONDS = 0.01
 """Longest run of callbacks in one browser task before the browser gets its turn."""
+
+_installed: Any = None  # the loop install() made a BatchedWebLoop
 
 
 @functools.cache
@@ -123,4 +125,16 @@ def install() -> bool:
         loop._ready = deque()
         loop._batch_scheduled = False
         loop.__class__ = cls
+    global _installed
+    _installed = loop
     return True
+
+
+def idle_loop() -> asyncio.AbstractEventLoop | None:
+    """The installed loop when no callback is ready to run in it (every task started so far
+    is waiting on something: a call made by a message that arrived earlier has its place in
+    its queue), else None; None outside Pyodide or before :func:`install`."""
+    loop = _installed
+    if loop is None or loop._ready or loop.is_closed():
+        return None
+    return cast(asyncio.AbstractEventLoop, loop)

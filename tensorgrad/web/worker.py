@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import inspect
 import itertools
 import linecache
@@ -38,11 +39,14 @@ from .. import lr as lr_mod
 from ..api import Forward, Training
 from ..errors import AbortError, ProtocolError
 from ..gpu import in_pyodide
+from ..results import Result
 from .convert import error_info, flat_buffer, from_js, plain, result_message, to_js_value
+from .loop import idle_loop
 from .protocol import MESSAGES, check_payload
 from .script import current_request
 
-__all__ = ["HANDLERS", "Graph", "Session", "dispatch", "handle", "handler", "run_source"]
+__all__ = ["EXPRESS", "HANDLERS", "Graph", "Session", "dispatch", "express", "handle", "handler",
+           "run_source"]
 
 Handler = Callable[[dict[str, Any], "Session"], Awaitable[Any]]
 HANDLERS: dict[str, Handler] = {}
@@ -76,6 +80,7 @@ class Session:
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {"__name__": "__main__"}
         self.graphs: dict[int, Graph] = {}
+        self.express_steps = 0  # steps taken by express()
         self._ids = itertools.count(1)
 
     def add_graph(self, graph: Graph) -> int:
@@ -157,6 +162,51 @@ async def handle(message: Any) -> Any:
         return to_js_value(reply)
     except Exception as exc:  # noqa: BLE001 (a result the page cannot receive)
         return to_js_value({"id": reply["id"], "ok": False, "error": error_info(exc)})
+
+
+EXPRESS = True
+"""Whether :func:`express` takes step messages (set False to send every one through
+:func:`handle`, e.g. to compare)."""
+
+
+def express(message: Any) -> bool:
+    """A "step" message's fast path (``web/worker.mjs`` offers it each one before
+    :func:`handle`): when no callback is ready to run in the event loop (every message
+    before it has its call queued) and its training can submit the step without waiting
+    (nothing of it queued or running, room in its flight), the step is submitted now and
+    its reply posted once its result is in, with no task or future on the way in the common
+    case: True. False, with nothing done, for any other message (:func:`handle` answers it).
+    The reply is the one :func:`handle` gives, bit for bit; ``EXPRESS = False`` turns it
+    off."""
+    loop = idle_loop() if EXPRESS else None
+    if loop is None:
+        return False
+    try:
+        msg = from_js(message)
+        if not isinstance(msg, Mapping) or msg.get("kind") != "step":
+            return False
+        payload: Any = msg.get("payload")
+        check_payload("step", payload)
+        graph = SESSION.graphs.get(payload["graphId"])
+        if graph is None or graph.destroyed or not isinstance(graph.obj, Training):
+            return False
+        reply = functools.partial(_post_step_result, msg.get("id"))
+        taken = graph.obj._step_now(payload["inputs"], reply, loop)
+    except Exception:  # noqa: BLE001 - handle() answers it
+        return False
+    SESSION.express_steps += taken
+    return taken
+
+
+def _post_step_result(request_id: Any, result: Result) -> None:
+    """Post an express step's reply, as :func:`dispatch` and :func:`handle` make it."""
+    import js
+
+    try:
+        reply = to_js_value({"id": request_id, "ok": True, "result": result_message(result)})
+    except Exception as exc:  # noqa: BLE001 (a result the page cannot receive)
+        reply = to_js_value({"id": request_id, "ok": False, "error": error_info(exc)})
+    js.tensorgradPost(reply)
 
 
 # -- running Python source --------------------------------------------------------------------

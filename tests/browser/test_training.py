@@ -88,34 +88,72 @@ def test_mlp_trains_in_the_browser(tg: Page) -> None:
 # ---------------------------------------------------------------------------------------------
 # Steps in flight through the page client: a step gives its turn up once submitted.
 
-# In the worker: count the device's step submissions; the readback of the first step whose x
-# (the only 128-byte write) holds a NaN waits until 3 more steps were submitted, so they are in
-# flight, speculatively, when its skip is learnt, however fast the GPU.
+# In the worker: count the device's step submissions (through submit, and submit_now: the
+# worker's express steps); the readback of the first step whose x (the only 128-byte write)
+# holds a NaN waits until 3 more steps were submitted, so they are in flight, speculatively,
+# when its skip is learnt, however fast the GPU. {express}: whether step messages may take
+# the worker's express path.
 HOLD_NAN_STEP = """
 import asyncio, math
 import tensorgrad.web.worker as loop
-dev = loop.SESSION.graphs[{graph}].obj.device
-submit = dev.submit
+loop.EXPRESS = {express}
+express_before = loop.SESSION.express_steps
+train = loop.SESSION.graphs[{graph}].obj
+exe = train._exe  # its tiered start finished first: every step then runs the same kernels
+if exe.upgrade is not None:
+    exe._start_upgrade()
+while exe.upgrading is not None:
+    if exe.upgrading[1].ready():
+        exe._swap_in_upgrade()
+    else:
+        await asyncio.sleep(0.01)
+dev = train.device
+submit, submit_now = dev.submit, dev.submit_now
 submits, held = [0], []
+
+def holds_nan(writes):
+    return not held and any(len(bytes(d)) == 128 and
+                            any(map(math.isnan, memoryview(bytes(d)).cast("f")))
+                            for _, d in writes)
+
+async def until_three_more(me):
+    for _ in range(30_000):
+        if submits[0] >= me + 3:
+            break
+        await asyncio.sleep(0.001)
 
 async def counted(program, writes, reads):
     submits[0] += 1
     me = submits[0]
     readback = await submit(program, writes, reads)
-    if held or not any(len(bytes(d)) == 128 and any(map(math.isnan, memoryview(bytes(d)).cast("f")))
-                       for _, d in writes):
+    if not holds_nan(writes):
         return readback
-    held.append(me)
+    held.append(("submit", me))
 
     async def later():
-        for _ in range(30_000):
-            if submits[0] >= me + 3:
-                break
-            await asyncio.sleep(0.001)
+        await until_three_more(me)
         return await readback
     return later()
 
-dev.submit = counted
+def counted_now(program, writes, reads, done):
+    if not holds_nan(writes):
+        taken = submit_now(program, writes, reads, done)
+        submits[0] += taken
+        return taken
+    me = submits[0] + 1
+
+    def arrived(got):
+        async def later():
+            await until_three_more(me)
+            done(got)
+        asyncio.get_event_loop().create_task(later())
+
+    taken = submit_now(program, writes, reads, arrived)
+    if taken:
+        submits[0], _ = me, held.append(("submit_now", me))
+    return taken
+
+dev.submit, dev.submit_now = counted, counted_now
 """
 
 IN_FLIGHT = """async ({ n, bad, hold }) => {
@@ -143,26 +181,37 @@ IN_FLIGHT = """async ({ n, bad, hold }) => {
   }
   for (const r of await Promise.all(inFlight)) four.push(outcome(r));
   const paramsFour = plain(await together.downloadParams());
-  const submits = await session.exec("dev.submit = submit\\nsubmits[0]");
+  const counts = await session.exec("dev.submit, dev.submit_now = submit, submit_now\\n" +
+    "loop.EXPRESS = True\\n(submits[0], held, loop.SESSION.express_steps - express_before)");
   await together.destroy();
-  return { one, four, paramsAwaited, paramsFour, submits: Number(submits) };
+  return { one, four, paramsAwaited, paramsFour, counts };
 }"""
 
 
-def test_steps_in_flight_through_the_page_client_match_awaited_steps(tg: Page) -> None:
+@pytest.mark.parametrize("express", [True, False], ids=["express", "handle"])
+def test_steps_in_flight_through_the_page_client_match_awaited_steps(tg: Page, express: bool
+                                                                     ) -> None:
     """Four steps in flight from the page, Adam with a warmup and cosine schedule, a NaN batch
     among them: its step fails naming its own step and input, the steps sent after it (skipped
     on the GPU, their step counter assumed one too far) are submitted again, and every loss
-    and param equals those of steps awaited one by one, bit for bit."""
+    and param equals those of steps awaited one by one, bit for bit; with the worker's
+    express steps (submitted without the event loop) as without."""
     assert tg.exec(MODEL) == "True"
     n, bad = 14, 5
-    out = tg.js(IN_FLIGHT, {"n": n, "bad": bad, "hold": HOLD_NAN_STEP})
+    hold = HOLD_NAN_STEP.replace("{express}", str(express))
+    out = tg.js(IN_FLIGHT, {"n": n, "bad": bad, "hold": hold})
     assert out["one"][bad].startswith("failed: loss is nan at step 6"), out["one"]
     assert "input 'x' holds nan at flat index 5" in out["one"][bad], out["one"]
     assert all(isinstance(v, float) for k, v in enumerate(out["one"]) if k != bad), out["one"]
     assert out["four"] == out["one"]
     assert out["paramsFour"] == out["paramsAwaited"]
-    assert out["submits"] > n  # the steps after the NaN batch were submitted again
+    submits, held, express_steps = ast.literal_eval(out["counts"])
+    assert submits > n  # the steps after the NaN batch were submitted again
+    assert held, "the NaN step's readback was not held back"
+    if express:  # the NaN step among them
+        assert express_steps >= n // 2 and held[0][0] == "submit_now", out["counts"]
+    else:
+        assert express_steps == 0, out["counts"]
 
 
 # ---------------------------------------------------------------------------------------------

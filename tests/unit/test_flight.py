@@ -241,3 +241,26 @@ def test_the_queue_is_a_lock_for_any_thread():
 
     in_threads(lambda k: asyncio.run(hold(k)), 3, timeout=30)
     assert most[0] == 1 and not queue.busy
+
+
+def test_idle_says_whether_a_call_made_now_runs_at_once():
+    """CallQueue.idle (what the worker's express steps check): false while a call holds the
+    turn and while one waits for it, true again once both are done."""
+    async def main():
+        queue = CallQueue()
+        gates = [asyncio.Event(), asyncio.Event()]
+        assert queue.idle
+
+        first = asyncio.ensure_future(queue.submit(gates[0].wait))
+        await asyncio.sleep(0)
+        assert queue.busy and not queue.idle
+        second = asyncio.ensure_future(queue.submit(gates[1].wait))
+        await asyncio.sleep(0)
+        gates[0].set()
+        await first
+        assert queue.busy and not queue.idle  # the second call has the turn now
+        gates[1].set()
+        await second
+        assert queue.idle and not queue.busy
+
+    asyncio.run(main())
