@@ -106,6 +106,7 @@ class CallQueue:
         self._lock = threading.Lock()
         self._busy = False
         self._waiters: deque[_Turn] = deque()
+        self._unstarted = 0  # calls made whose task has not run yet (not in _waiters yet)
         self.settle: Callable[[], Awaitable[None]] | None = None
 
     @property
@@ -115,9 +116,9 @@ class CallQueue:
 
     @property
     def idle(self) -> bool:
-        """True when no call holds the turn and none waits for it: a call made now would
-        run at once."""
-        return not self._busy and not self._waiters
+        """True when no call holds the turn and none is made that waits for it (its task
+        started or not): a call made now would run at once."""
+        return not self._busy and not self._waiters and not self._unstarted
 
     def submit(self, fn: Callable[[], Awaitable[T]]) -> Coroutine[Any, Any, T]:
         """Queue ``fn()``; a coroutine of its result. When an event loop runs, the call is
@@ -136,12 +137,26 @@ class CallQueue:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return self._start_when_awaited(make)
-        return _result_of(_Call(make(), loop=loop))
+        call = _Call(make(), loop=loop)
+        call.unstarted_in = self
+        with self._lock:
+            self._unstarted += 1
+        call.add_done_callback(self._started)  # (a call cancelled before its task ran)
+        return _result_of(call)
+
+    def _started(self, call: object = None) -> None:
+        """The current task's call (or `call`, done) no longer counts as not started."""
+        call = call or asyncio.current_task()
+        if isinstance(call, _Call) and call.unstarted_in is self:
+            call.unstarted_in = None
+            with self._lock:
+                self._unstarted -= 1
 
     async def _start_when_awaited(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return await _result_of(_Call(make(), loop=asyncio.get_running_loop()))
 
     async def _run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        self._started()  # (in the same step as _acquire's place in the queue)
         await self._acquire()
         _mark_running()
         try:
@@ -152,6 +167,7 @@ class CallQueue:
             self._release()
 
     async def _run_staged(self, fn: Callable[[], Awaitable[Awaitable[T]]]) -> T:
+        self._started()  # (in the same step as _acquire's place in the queue)
         await self._acquire()
         _mark_running()
         try:
@@ -241,6 +257,7 @@ class _Call(asyncio.Task):  # type: ignore[type-arg]
     refused (returns False) once it runs."""
 
     running = False
+    unstarted_in: CallQueue | None = None  # the queue counting it until its task runs
 
     def cancel(self, msg: Any = None) -> bool:
         if self.running:

@@ -13,7 +13,7 @@ left out).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .hostdata import numpy_or_none
@@ -52,6 +52,32 @@ async def non_finite_param(store: Any) -> str:
             if hit is not None:
                 return f"param '{name}' holds {hit[1]} at flat index {hit[0]}"
     return ""
+
+
+async def skip_reason(exe: Any, live_store: Callable[[], Any], grads: Mapping[str, int],
+                      culprit: str, loss: float, t: int) -> str:
+    """Why step `t` was skipped: `culprit` (a non-finite or sentinel-only input, named) or
+    what the device holds now (a param, a gradient, the update: read back only after a
+    skipped step, so a good step pays nothing). `live_store()`: the training's params."""
+    skipped = "the update was skipped, params and optimizer state are unchanged"
+    if culprit:
+        what = f"loss is {loss}" if not math.isfinite(loss) else \
+            f"the loss is finite ({loss:.6g}) but a gradient is not"
+        return f"{what} at step {t}: {skipped}; {culprit}"
+    if not math.isfinite(loss):
+        param = await non_finite_param(live_store())
+        return f"loss is {loss} at step {t}: {skipped}" + (
+            f"; {param} (params must be finite: check what was uploaded)" if param else
+            " (training diverged: lower the learning rate, clip gradients)")
+    grad = await non_finite_grad(exe, grads)
+    if grad:
+        return (f"the loss is finite ({loss:.6g}) but a gradient is not at step {t}: "
+                f"{skipped}; {grad} (training diverged: lower the learning rate, clip "
+                "gradients)")
+    what, where = await non_finite_update(exe, grads)
+    return (f"the update would make {what} non-finite at step {t}"
+            + (f" ({where})" if where else "") + f": {skipped}; lower the learning rate "
+            "(or clip gradients with clip_grad_norm)")
 
 
 def _ancestors(graph: Graph, roots: Iterable[int], boundary: set[int]) -> list[int]:
@@ -112,4 +138,5 @@ def _describe(spans: Iterable[tuple[str, int, int]], rule: str, kind: str, k: in
     return ""
 
 
-__all__ = ["first_non_finite", "non_finite_grad", "non_finite_param", "non_finite_update"]
+__all__ = ["first_non_finite", "non_finite_grad", "non_finite_param", "non_finite_update",
+           "skip_reason"]

@@ -26,7 +26,7 @@ from .optim import OptimizerConfig, OptimizerPlan
 from .precision import LossScale, LossScaler, check_precision
 from .results import Aborted, Captures, Completed, Failed, Result
 from .runtime import Executable, ParamStore, Ran
-from .skipped import non_finite_grad, non_finite_param, non_finite_update
+from .skipped import non_finite_grad, skip_reason
 from .tensor import Tensor
 from .trace import InputDecl, check_seed, normalize_inputs
 from .update import STEP_CHAIN
@@ -245,22 +245,23 @@ class Training(Handle):
             before = self._flight.enter(step)
         return self._finished(step, before)
 
-    # The worker's express steps (tensorgrad.web.worker.express): a step that finds nothing
-    # to wait for (no call of this training queued or running, room in the flight, a device
-    # that submits at once) is submitted outside the event loop, and its readback finishes
-    # it from the JS event loop when it is the oldest in flight and was applied: the same
-    # submission and bookkeeping as _step and _finished, without a call's tasks and
-    # futures. Any other step finishes as _finished does, in a task.
+    # The worker's express steps (tensorgrad.web.worker.express): a step message that finds
+    # nothing to wait for (no call of this training queued or running, room in the flight,
+    # a device that submits at once) is submitted outside the event loop, and its readback
+    # finishes it from the JS event loop when it is the oldest in flight and was applied:
+    # the same submission and bookkeeping as _step and _finished, without a call's tasks
+    # and futures. Any other step finishes as _finished does, in a task.
     def _step_now(self, inputs: Mapping[str, InputData], reply: Callable[[Result], None],
                   loop: asyncio.AbstractEventLoop) -> bool:
         """Submit a step now, without the event loop, if nothing is to be waited for:
         True, and `reply(result)` is called with what :meth:`step` would return once the
         result is in (from the JS event loop or a task of `loop`). False: nothing was done
-        (call :meth:`step`). The caller makes sure no call is about to be made before it
-        (no callback is ready to run in `loop`)."""
+        (call :meth:`step`). The caller makes sure no call made before it is still to come
+        (the worker: every message before it has started its handler)."""
         exe = self._exe
-        if (exe is None or self._destroyed or not self._queue.idle
-                or not self._submitting.idle or not self._flight.room_in(loop)):
+        if (exe is None or self._destroyed or not exe.device.submits_now
+                or not self._queue.idle or not self._submitting.idle
+                or not self._flight.room_in(loop)):
             return False
         checked = self._checked("step", inputs)
         if isinstance(checked, Failed):
@@ -434,8 +435,10 @@ class Training(Handle):
             assert self._scaler is not None
             self._scaler.update(overflow=True)  # a normal event: skipped, scale backed off
             return Completed(loss=loss, captures=Captures(caps), skipped=True)
-        return Failed(FloatingPointError(await self._skipped(step.exe, step.data, loss,
-                                                             step.t)))
+        culprit = non_finite_input(step.data, self._dtypes) or \
+            step.exe.sentinel_only_input(step.data)
+        why = await skip_reason(step.exe, self._live_store, self._grads, culprit, loss, step.t)
+        return Failed(FloatingPointError(why))
 
     async def _overflowed(self, exe: Executable, data: Mapping[str, bytes]) -> bool:
         """Whether a skipped step with a finite loss was a mixed-precision overflow: the
@@ -444,30 +447,6 @@ class Training(Handle):
                 exe.sentinel_only_input(data):
             return False
         return bool(await non_finite_grad(exe, self._grads))
-
-    async def _skipped(self, exe: Executable, data: Mapping[str, bytes], loss: float, t: int
-                       ) -> str:
-        """Why step `t` was skipped (looked up after the fact: a good step pays nothing)."""
-        skipped = "the update was skipped, params and optimizer state are unchanged"
-        culprit = non_finite_input(data, self._dtypes) or exe.sentinel_only_input(data)
-        if culprit:
-            what = f"loss is {loss}" if not math.isfinite(loss) else \
-                f"the loss is finite ({loss:.6g}) but a gradient is not"
-            return f"{what} at step {t}: {skipped}; {culprit}"
-        if not math.isfinite(loss):
-            param = await non_finite_param(self._live_store())
-            return f"loss is {loss} at step {t}: {skipped}" + (
-                f"; {param} (params must be finite: check what was uploaded)" if param else
-                " (training diverged: lower the learning rate, clip gradients)")
-        grad = await non_finite_grad(exe, self._grads)
-        if grad:
-            return (f"the loss is finite ({loss:.6g}) but a gradient is not at step {t}: "
-                    f"{skipped}; {grad} (training diverged: lower the learning rate, clip "
-                    "gradients)")
-        what, where = await non_finite_update(exe, self._grads)
-        return (f"the update would make {what} non-finite at step {t}"
-                + (f" ({where})" if where else "") + f": {skipped}; lower the learning rate "
-                "(or clip gradients with clip_grad_norm)")
 
     # -- params and state ----------------------------------------------------------------
     def download_param_grads(self) -> Coroutine[Any, Any, dict[str, HostArray]]:

@@ -117,6 +117,9 @@ class BrowserDevice:
         self.ffi_calls = 0  # every Python→JS crossing this adapter made
         self.counts: Counter[str] = Counter()
         self._unchecked: list[tuple[Any, str, str]] = []  # kernels validated at next execute
+        # Steps may be submitted at once, outside the event loop (submit_now: express
+        # steps); False sends every step through the event loop (the same results).
+        self.submits_now = True
 
     # -- FFI, counted ------------------------------------------------------------------------
     def _call(self, name: str, *args: Any) -> Any:
@@ -306,8 +309,9 @@ class BrowserDevice:
         """:meth:`submit` without an event loop where no wait is needed (a one-chunk program
         already checked, every kernel validated): True once submitted, `done` then called
         with the bytes of each read, or the error, when they are in (from the JS event
-        loop). False when it would have to wait: nothing was done."""
-        if self._unchecked:
+        loop). False when it would have to wait, or `submits_now` is False: nothing was
+        done."""
+        if self._unchecked or not self.submits_now:
             return False
         from pyodide.ffi import create_proxy
 

@@ -212,6 +212,9 @@ class GPUDevice(Protocol):
     # created" / "destroyed", "pipelines created" / "destroyed", "programs created" /
     # "destroyed".
     counts: Counter[str]
+    # Whether submit_now can submit a step (the browser's device; natively False). The
+    # browser's may be set False: every step then goes through the event loop.
+    submits_now: bool
 
     @property
     def lost(self) -> str | None:

@@ -502,6 +502,8 @@ class NativeDevice:
                 self.queue.submit([command_buffer])
         return self._readback(pending, planned, nbytes)
 
+    submits_now = False  # (see submit_now)
+
     def submit_now(self, program: ProgramHandle, writes: Sequence[tuple[Binding, HostBytes]],
                    reads: Sequence[tuple[Binding, int]],
                    done: Callable[[list[memoryview] | BaseException], None]) -> bool:

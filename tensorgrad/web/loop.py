@@ -27,7 +27,7 @@ from typing import Any, cast
 
 from ..gpu import in_pyodide
 
-__all__ = ["BATCH_SECONDS", "idle_loop", "install", "loop_class"]
+__all__ = ["BATCH_SECONDS", "install", "loop_class", "worker_loop"]
 
 BATCH_SECONDS = 0.01
 """Longest run of callbacks in one browser task before the browser gets its turn."""
@@ -130,11 +130,10 @@ def install() -> bool:
     return True
 
 
-def idle_loop() -> asyncio.AbstractEventLoop | None:
-    """The installed loop when no callback is ready to run in it (every task started so far
-    is waiting on something: a call made by a message that arrived earlier has its place in
-    its queue), else None; None outside Pyodide or before :func:`install`."""
+def worker_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop :func:`install` made a :class:`BatchedWebLoop` (None outside Pyodide, before
+    it, or once closed)."""
     loop = _installed
-    if loop is None or loop._ready or loop.is_closed():
+    if loop is None or loop.is_closed():
         return None
     return cast(asyncio.AbstractEventLoop, loop)

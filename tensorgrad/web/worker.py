@@ -30,7 +30,7 @@ import inspect
 import itertools
 import linecache
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -41,11 +41,11 @@ from ..errors import AbortError, ProtocolError
 from ..gpu import in_pyodide
 from ..results import Result
 from .convert import error_info, flat_buffer, from_js, plain, result_message, to_js_value
-from .loop import idle_loop
+from .loop import worker_loop
 from .protocol import MESSAGES, check_payload
 from .script import current_request
 
-__all__ = ["EXPRESS", "HANDLERS", "Graph", "Session", "dispatch", "express", "handle", "handler",
+__all__ = ["HANDLERS", "Graph", "Session", "dispatch", "express", "handle", "handler",
            "run_source"]
 
 Handler = Callable[[dict[str, Any], "Session"], Awaitable[Any]]
@@ -81,6 +81,7 @@ class Session:
         self.namespace: dict[str, Any] = {"__name__": "__main__"}
         self.graphs: dict[int, Graph] = {}
         self.express_steps = 0  # steps taken by express()
+        self.unstarted = 0  # messages handed to handle() whose coroutine has not started
         self._ids = itertools.count(1)
 
     def add_graph(self, graph: Graph) -> int:
@@ -149,8 +150,16 @@ def _unreadable(message: Any, exc: Exception) -> Any:
     return to_js_value({"id": request_id, "ok": False, "error": error_info(error)})
 
 
-async def handle(message: Any) -> Any:
-    """The worker's entry point: a JS message in, a JS reply out (dicts in and out in CPython)."""
+def handle(message: Any) -> Coroutine[Any, Any, Any]:
+    """The worker's entry point: a JS message in, (a coroutine of) its JS reply out (dicts in
+    and out in CPython). Until that coroutine starts, the message counts as not started
+    (:attr:`Session.unstarted`): :func:`express` takes no step before it."""
+    SESSION.unstarted += 1
+    return _handle(message)
+
+
+async def _handle(message: Any) -> Any:
+    SESSION.unstarted -= 1  # (its handler makes its graph call before its first await)
     try:
         message = from_js(message)  # typed arrays become memoryviews (one copy)
     except Exception as exc:  # noqa: BLE001 (a value Pyodide cannot convert)
@@ -164,22 +173,17 @@ async def handle(message: Any) -> Any:
         return to_js_value({"id": reply["id"], "ok": False, "error": error_info(exc)})
 
 
-EXPRESS = True
-"""Whether :func:`express` takes step messages (set False to send every one through
-:func:`handle`, e.g. to compare)."""
-
-
 def express(message: Any) -> bool:
     """A "step" message's fast path (``web/worker.mjs`` offers it each one before
-    :func:`handle`): when no callback is ready to run in the event loop (every message
-    before it has its call queued) and its training can submit the step without waiting
+    :func:`handle`): when every message before it has started (its call, if any, has its
+    place in its graph's queue) and its training can submit the step without waiting
     (nothing of it queued or running, room in its flight), the step is submitted now and
     its reply posted once its result is in, with no task or future on the way in the common
     case: True. False, with nothing done, for any other message (:func:`handle` answers it).
-    The reply is the one :func:`handle` gives, bit for bit; ``EXPRESS = False`` turns it
-    off."""
-    loop = idle_loop() if EXPRESS else None
-    if loop is None:
+    The reply is the one :func:`handle` gives, bit for bit; a device's ``submits_now =
+    False`` turns it off."""
+    loop = worker_loop()
+    if loop is None or SESSION.unstarted:
         return False
     try:
         msg = from_js(message)

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 import tensorgrad as tg
-from tensorgrad.flight import CallQueue
+from tensorgrad.flight import CallQueue, _Call
 from tests.threads import in_threads
 
 
@@ -244,14 +244,23 @@ def test_the_queue_is_a_lock_for_any_thread():
 
 
 def test_idle_says_whether_a_call_made_now_runs_at_once():
-    """CallQueue.idle (what the worker's express steps check): false while a call holds the
-    turn and while one waits for it, true again once both are done."""
+    """CallQueue.idle (what the worker's express steps check): false from the moment a call
+    is made (before its task has run), while a call holds the turn and while one waits for
+    it, true again once they are done, and after a call cancelled before its task ran."""
     async def main():
         queue = CallQueue()
         gates = [asyncio.Event(), asyncio.Event()]
         assert queue.idle
+        withdrawn = asyncio.ensure_future(queue.submit(gates[0].wait))
+        assert not queue.idle and not queue.busy  # made, its task not run yet
+        call = next(t for t in asyncio.all_tasks() if isinstance(t, _Call))
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await withdrawn
+        assert queue.idle and call.cancelled()
 
         first = asyncio.ensure_future(queue.submit(gates[0].wait))
+        assert not queue.idle and not queue.busy
         await asyncio.sleep(0)
         assert queue.busy and not queue.idle
         second = asyncio.ensure_future(queue.submit(gates[1].wait))
