@@ -529,6 +529,46 @@ def test_steps_in_flight_give_the_losses_and_params_of_awaited_steps(net: Page) 
     assert waiting > 0 and n - 1 <= waiting + in_flight + done <= n, out["waiting"]
 
 
+# In the worker, synchronously: messages handed over as web/worker.mjs hands them, and steps
+# offered to express() while an earlier message has not started, and while a call made on
+# the graph has not started its task.
+EXPRESS_ORDER = """
+import asyncio
+from array import array
+g = loop.SESSION.graphs[{gid}].obj
+def step_message(i):
+    x = memoryview(array("f", [v * (i + 1) for v in {X}]))
+    return {{"id": -1 - i, "kind": "step",
+             "payload": {{"graphId": {gid}, "inputs": {{"x": x, "y": memoryview(array("i", {Y}))}}}}}}
+bias = {{"fc.b": memoryview(array("f", [0.5, -0.5]))}}
+for _ in range(100):  # its tiered start done, the optimized program checked by a step
+    await g.step(**step_message(0)["payload"]["inputs"])
+    if not g._exe.quick:
+        break
+    await asyncio.sleep(0.01)
+await g.step(**step_message(0)["payload"]["inputs"])
+before = loop.SESSION.express_steps
+behind = loop.handle({{"id": -100, "kind": "uploadParams",
+                      "payload": {{"graphId": {gid}, "params": bias, "partial": True}}}})
+passed_a_message = loop.express(step_message(1))  # the upload's handler has not started
+upload_ok = bool((await behind).ok)
+call = g.upload_params(bias, partial=True)  # a call made, its task not started
+passed_a_call = loop.express(step_message(2))
+await call
+alone = loop.express(step_message(3))  # nothing ahead of it
+await g.download_params()  # (after that step)
+(passed_a_message, upload_ok, passed_a_call, alone, loop.SESSION.express_steps - before)
+"""
+
+
+def test_express_takes_no_step_past_an_earlier_message_or_call(net: Page) -> None:
+    """A step message is not submitted ahead of a message handed to the worker before it
+    whose handler has not started, nor of a call made on its graph whose task has not run;
+    with nothing ahead of it, it is (the worker's express path, on the real device)."""
+    out = net.exec(EXPRESS_ORDER.format(gid=net.info["graphId"], X=X, Y=Y))
+    assert ast.literal_eval(out) == (False, True, False, True, 1), out
+
+
 REPLACE_IN_FLIGHT = """async ({ X }) => {""" + IN_FLIGHT_SETUP + """
   const t = await session.compile(spec);
   const s0 = track("s0", t.step(batch(0))), s1 = track("s1", t.step(batch(1)));
