@@ -252,12 +252,15 @@ class Training(Handle):
     # the same submission and bookkeeping as _step and _finished, without a call's tasks
     # and futures. Any other step finishes as _finished does, in a task.
     def _step_now(self, inputs: Mapping[str, InputData], reply: Callable[[Result], None],
-                  loop: asyncio.AbstractEventLoop) -> bool:
+                  loop: asyncio.AbstractEventLoop, quiet: Callable[[], bool]) -> bool:
         """Submit a step now, without the event loop, if nothing is to be waited for:
         True, and `reply(result)` is called with what :meth:`step` would return once the
         result is in (from the JS event loop or a task of `loop`). False: nothing was done
         (call :meth:`step`). The caller makes sure no call made before it is still to come
-        (the worker: every message before it has started its handler)."""
+        (the worker: every message before it has started its handler); `quiet()` says
+        whether that still holds when the readback is in (else the step finishes in a task
+        of `loop`, after what started meanwhile: a destroy that came in aborts it, as it
+        would a step through the loop)."""
         exe = self._exe
         if (exe is None or self._destroyed or not exe.device.submits_now
                 or not self._queue.idle or not self._submitting.idle
@@ -273,7 +276,7 @@ class Training(Handle):
                 readback.set_exception(ran)
             else:
                 readback.set_result(ran)
-            result = self._finish_now(step, readback, generation)
+            result = self._finish_now(step, readback, generation) if quiet() else None
             if result is not None:
                 reply(result)
                 return

@@ -183,7 +183,7 @@ def express(message: Any) -> bool:
     The reply is the one :func:`handle` gives, bit for bit; a device's ``submits_now =
     False`` turns it off."""
     loop = worker_loop()
-    if loop is None or SESSION.unstarted:
+    if loop is None or not _all_started():
         return False
     try:
         msg = from_js(message)
@@ -195,11 +195,16 @@ def express(message: Any) -> bool:
         if graph is None or graph.destroyed or not isinstance(graph.obj, Training):
             return False
         reply = functools.partial(_post_step_result, msg.get("id"))
-        taken = graph.obj._step_now(payload["inputs"], reply, loop)
+        taken = graph.obj._step_now(payload["inputs"], reply, loop, _all_started)
     except Exception:  # noqa: BLE001 - handle() answers it
         return False
     SESSION.express_steps += taken
     return taken
+
+
+def _all_started() -> bool:
+    """Whether every message handed to :func:`handle` has started its handler."""
+    return not SESSION.unstarted
 
 
 def _post_step_result(request_id: Any, result: Result) -> None:
