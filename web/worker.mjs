@@ -1,6 +1,8 @@
 // tensorgrad's module Web Worker: loads Pyodide and the tensorgrad wheel, then hands every
 // message from the page to Python's message loop (tensorgrad.web.worker.handle) and posts
-// replies. The messages are described by one table, tensorgrad/web/protocol.py; the "ready"
+// replies; a step message is offered to tensorgrad.web.worker.express first, which submits
+// it at once when nothing is ahead of it and posts its reply itself (express steps). The
+// messages are described by one table, tensorgrad/web/protocol.py; the "ready"
 // progress message carries it to the page client, which checks its requests against it.
 //
 //   page → worker  {id, kind, payload}
