@@ -233,9 +233,7 @@ class Training(Handle):
         loop = asyncio.get_running_loop()
         if self._flight:
             await self._flight.make_room(loop)
-        feeds = dict(data)
-        self._feed_seed(exe, feeds)
-        step = InFlight(exe, data, feeds, loop)
+        step = self._new_step(exe, data, loop)
         if self._flight:
             async with self._submitting:
                 await self._submit(step, fresh=not self._flight)
@@ -285,9 +283,7 @@ class Training(Handle):
             rest.add_done_callback(lambda task: reply(task.result()))
 
         try:
-            feeds = dict(checked[1])
-            self._feed_seed(exe, feeds)
-            step = InFlight(exe, checked[1], feeds, loop)
+            step = self._new_step(exe, checked[1], loop)
             next_step = self._next_feeds(step, fresh=not self._flight)
             readback: asyncio.Future[Ran] = loop.create_future()
             before = self._flight.newest
@@ -302,6 +298,13 @@ class Training(Handle):
         step.readback = readback
         self._flight.enter(step)
         return True
+
+    def _new_step(self, exe: Executable, data: dict[str, bytes],
+                  loop: asyncio.AbstractEventLoop) -> InFlight:
+        """A step of `data` called in `loop`, with the next PRNG seed (if `exe` draws)."""
+        feeds = dict(data)
+        self._feed_seed(exe, feeds)
+        return InFlight(exe, data, feeds, loop)
 
     def _finish_now(self, step: InFlight, readback: asyncio.Future[Ran], generation: int
                     ) -> Result | None:
@@ -438,18 +441,21 @@ class Training(Handle):
             assert self._scaler is not None
             self._scaler.update(overflow=True)  # a normal event: skipped, scale backed off
             return Completed(loss=loss, captures=Captures(caps), skipped=True)
-        culprit = non_finite_input(step.data, self._dtypes) or \
-            step.exe.sentinel_only_input(step.data)
+        culprit = self._bad_input(step.exe, step.data)
         why = await skip_reason(step.exe, self._live_store, self._grads, culprit, loss, step.t)
         return Failed(FloatingPointError(why))
 
     async def _overflowed(self, exe: Executable, data: Mapping[str, bytes]) -> bool:
         """Whether a skipped step with a finite loss was a mixed-precision overflow: the
         scaled gradients were not finite, the inputs were (else it is the data's fault)."""
-        if self._scaler is None or non_finite_input(data, self._dtypes) or \
-                exe.sentinel_only_input(data):
+        if self._scaler is None or self._bad_input(exe, data):
             return False
         return bool(await non_finite_grad(exe, self._grads))
+
+    def _bad_input(self, exe: Executable, data: Mapping[str, bytes]) -> str:
+        """The input that explains a skipped step (non-finite, or only sentinels), named;
+        "" when every input is fine."""
+        return non_finite_input(data, self._dtypes) or exe.sentinel_only_input(data)
 
     # -- params and state ----------------------------------------------------------------
     def download_param_grads(self) -> Coroutine[Any, Any, dict[str, HostArray]]:

@@ -139,9 +139,10 @@ class BrowserDevice:
         try:
             return call()
         except JsException as exc:
-            if str(getattr(exc, "name", "")) != "DeviceLostError":
+            lost = _device_lost(exc)
+            if lost is None:
                 raise
-            raise DeviceLostError(str(exc.message)) from None
+            raise lost from None
 
     async def _await(self, promise: Any) -> Any:
         """Await a JS promise; the helper's DeviceLostError becomes tensorgrad's."""
@@ -151,9 +152,10 @@ class BrowserDevice:
         try:
             return await promise
         except JsException as exc:
-            if str(getattr(exc, "name", "")) != "DeviceLostError":
+            lost = _device_lost(exc)
+            if lost is None:
                 raise
-            raise DeviceLostError(str(exc.message)) from None
+            raise lost from None
 
     def live_objects(self) -> dict[str, int]:
         """Live objects made through this adapter: "buffers", "pipelines", "programs"."""
@@ -418,11 +420,19 @@ class _BrowserPendingKernels:
         self._job = None  # the JS pipelines are collected once the job settles
 
 
+def _device_lost(error: Any) -> DeviceLostError | None:
+    """tensorgrad's DeviceLostError for the helper's (a JS error so named), else None."""
+    if str(getattr(error, "name", "")) != "DeviceLostError":
+        return None
+    return DeviceLostError(str(error.message))
+
+
 def _js_error(error: Any) -> BaseException:
     """The exception of a rejected JS promise, as awaiting it would raise it (a JS Error
     arrives as a JsException; the helper's DeviceLostError becomes tensorgrad's)."""
-    if str(getattr(error, "name", "")) == "DeviceLostError":
-        return DeviceLostError(str(error.message))
+    lost = _device_lost(error)
+    if lost is not None:
+        return lost
     if isinstance(error, BaseException):
         return error
     return RuntimeError(f"a JS promise was rejected with {error!r}")

@@ -165,8 +165,12 @@ async def _handle(message: Any) -> Any:
     except Exception as exc:  # noqa: BLE001 (a value Pyodide cannot convert)
         return _unreadable(message, exc)
     reply = await dispatch(message)
-    if not in_pyodide():
-        return reply
+    return _js_reply(reply) if in_pyodide() else reply
+
+
+def _js_reply(reply: dict[str, Any]) -> Any:
+    """A reply as the JS object posted to the page; one the page cannot receive becomes
+    that error's reply."""
     try:
         return to_js_value(reply)
     except Exception as exc:  # noqa: BLE001 (a result the page cannot receive)
@@ -211,11 +215,8 @@ def _post_step_result(request_id: Any, result: Result) -> None:
     """Post an express step's reply, as :func:`dispatch` and :func:`handle` make it."""
     import js
 
-    try:
-        reply = to_js_value({"id": request_id, "ok": True, "result": result_message(result)})
-    except Exception as exc:  # noqa: BLE001 (a result the page cannot receive)
-        reply = to_js_value({"id": request_id, "ok": False, "error": error_info(exc)})
-    js.tensorgradPost(reply)
+    # (the Result itself: to_js_value makes its result_message, inside _js_reply's guard)
+    js.tensorgradPost(_js_reply({"id": request_id, "ok": True, "result": result}))
 
 
 # -- running Python source --------------------------------------------------------------------
