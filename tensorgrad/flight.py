@@ -13,7 +13,7 @@ import asyncio
 import functools
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
 from .results import Aborted
@@ -81,18 +81,21 @@ class single_flight(Generic[T]):  # lower case: used like a function (a decorato
 class CallQueue:
     """Runs calls one at a time, in the order they were made, from any thread and event loop.
 
-    :meth:`submit` starts the call at once as a task (when an event loop runs), and the task
-    waits for its turn first, so calls made in a row — a ``step`` not yet awaited, then an
-    ``upload_params`` — run in that order however they are awaited, and never interleave.
-    Calls made from several threads (each with its own event loop) share the one order: a
-    call's turn is handed to the next call's own loop (``call_soon_threadsafe``), and each
-    runs in the loop it was made in.
+    :meth:`submit` takes the call's place in the queue as it is made and starts it as a task
+    (when an event loop runs), which waits for its turn first, so calls made in a row — a
+    ``step`` not yet awaited, then an ``upload_params`` — run in that order however they are
+    awaited, and never interleave. Calls made from several threads (each with its own event
+    loop) share the one order: a call's turn is handed to the next call's own loop
+    (``call_soon_threadsafe``), and each runs in the loop it was made in.
 
-    Cancellation: a call cancelled while it waits for its turn is withdrawn and never runs.
-    Once it has its turn it runs to its end, whether or not anything still awaits it: its
-    task refuses ``cancel()`` (so neither a cancelled awaiter, a timeout, nor ``asyncio.run``
-    cancelling leftover tasks at its end can stop it halfway through its GPU work or its
-    bookkeeping), and an awaiter cancelled meanwhile gets ``CancelledError`` at once.
+    Cancellation: a call cancelled while it waits for its turn is withdrawn and never runs;
+    so is one whose awaiting task is cancelled before that task's first step
+    (``asyncio.create_task(train.step(x)).cancel()``, a TaskGroup whose body fails at once):
+    a call nothing awaits yet lets such a task run first. Once it has its turn it runs to
+    its end, whether or not anything still awaits it: its task refuses ``cancel()`` (so
+    neither a cancelled awaiter, a timeout, nor ``asyncio.run`` cancelling leftover tasks at
+    its end can stop it halfway through its GPU work or its bookkeeping), and an awaiter
+    cancelled meanwhile gets ``CancelledError`` at once.
 
     A call made with ``staged=True`` gives its turn up before its end: ``fn()`` does what
     must run in turn (a training step: submitting its GPU work) and returns an awaitable of
@@ -104,61 +107,105 @@ class CallQueue:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._busy = False
+        self._busy = False  # a turn is held (by a call, possibly not started yet)
         self._waiters: deque[_Turn] = deque()
-        self._unstarted = 0  # calls made whose task has not run yet (not in _waiters yet)
         self.settle: Callable[[], Awaitable[None]] | None = None
 
     @property
     def busy(self) -> bool:
-        """True while a call holds the turn."""
+        """True while a call holds the turn (from when it is made, if the queue was idle)."""
         return self._busy
 
     @property
     def idle(self) -> bool:
-        """True when no call holds the turn and none is made that waits for it (its task
-        started or not): a call made now would run at once."""
-        return not self._busy and not self._waiters and not self._unstarted
+        """True when no call holds the turn or waits for it (its task started or not): a
+        call made now would run at once."""
+        return not self._busy and not self._waiters
 
     def submit(self, fn: Callable[[], Awaitable[T]]) -> Coroutine[Any, Any, T]:
         """Queue ``fn()``; a coroutine of its result. When an event loop runs, the call is
         already under way as a task (so it keeps its place even if the coroutine is awaited
         late, or wrapped in ``asyncio.create_task``); otherwise it starts when awaited."""
-        return self._start(lambda: self._run(fn))
+        return self._start(lambda turn: self._run(fn, turn))
 
     def submit_staged(self, fn: Callable[[], Awaitable[Awaitable[T]]]
                       ) -> Coroutine[Any, Any, T]:
         """Queue ``fn()``, which gives the turn up when it returns; a coroutine of the
         result of the awaitable it returned (see the class docstring)."""
-        return self._start(lambda: self._run_staged(fn))
+        return self._start(lambda turn: self._run_staged(fn, turn))
 
-    def _start(self, make: Callable[[], Coroutine[Any, Any, T]]) -> Coroutine[Any, Any, T]:
+    def _start(self, make: Callable[[_Turn], Coroutine[Any, Any, T]]
+               ) -> Coroutine[Any, Any, T]:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return self._start_when_awaited(make)
-        call = _Call(make(), loop=loop)
-        call.unstarted_in = self
+        call = self._launch(make, loop)
+        call.result_of = _ResultOf(call)
+        return call.result_of
+
+    async def _start_when_awaited(self, make: Callable[[_Turn], Coroutine[Any, Any, T]]) -> T:
+        return await _awaited(self._launch(make, asyncio.get_running_loop()))
+
+    def _launch(self, make: Callable[[_Turn], Coroutine[Any, Any, T]],
+                loop: asyncio.AbstractEventLoop) -> _Call:
+        """The task of a call made now, its place in the queue taken."""
+        turn = self._reserve(loop)
+        call = _Call(make(turn), loop=loop)
+        call.add_done_callback(functools.partial(self._dropped, turn))
+        return call
+
+    def _reserve(self, loop: asyncio.AbstractEventLoop) -> _Turn:
+        """A place in the queue, made now: the turn itself when none is held."""
+        turn = _Turn(loop, loop.create_future())
         with self._lock:
-            self._unstarted += 1
-        call.add_done_callback(self._started)  # (a call cancelled before its task ran)
-        return _result_of(call)
+            if self._busy:
+                self._waiters.append(turn)
+                return turn
+            self._busy = True
+            turn.granted = True
+        turn.future.set_result(None)
+        return turn
 
-    def _started(self, call: object = None) -> None:
-        """The current task's call (or `call`, done) no longer counts as not started."""
-        call = call or asyncio.current_task()
-        if isinstance(call, _Call) and call.unstarted_in is self:
-            call.unstarted_in = None
-            with self._lock:
-                self._unstarted -= 1
+    def _dropped(self, turn: _Turn, call: _Call) -> None:
+        """A call cancelled before its task first ran gives its place up."""
+        if not call.began:
+            self._give_up(turn)
 
-    async def _start_when_awaited(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        return await _result_of(_Call(make(), loop=asyncio.get_running_loop()))
+    def _give_up(self, turn: _Turn) -> None:
+        """Leave the queue from `turn`'s place, passing the turn on if it was given."""
+        with self._lock:
+            granted = turn.granted
+            if not granted and turn in self._waiters:
+                self._waiters.remove(turn)
+        if granted:
+            self._release()
 
-    async def _run(self, fn: Callable[[], Awaitable[T]]) -> T:
-        self._started()  # (in the same step as _acquire's place in the queue)
-        await self._acquire()
-        _mark_running()
+    async def _wait(self, turn: _Turn) -> None:
+        try:
+            await turn.future
+        except asyncio.CancelledError:
+            self._give_up(turn)
+            raise
+
+    async def _begin(self, turn: _Turn) -> None:
+        """A call's task waits for its turn; from then on the call runs to its end. If
+        nothing awaits the call yet, it first lets the tasks made meanwhile run a step: one
+        made to await it and cancelled at once then withdraws it (see _ResultOf)."""
+        call = asyncio.current_task()
+        assert isinstance(call, _Call)
+        call.began = True
+        if call.result_of is not None and not call.result_of.started:
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                self._give_up(turn)
+                raise
+        await self._wait(turn)
+        call.running = True
+
+    async def _run(self, fn: Callable[[], Awaitable[T]], turn: _Turn) -> T:
+        await self._begin(turn)
         try:
             if self.settle is not None:
                 await self.settle()
@@ -166,10 +213,8 @@ class CallQueue:
         finally:
             self._release()
 
-    async def _run_staged(self, fn: Callable[[], Awaitable[Awaitable[T]]]) -> T:
-        self._started()  # (in the same step as _acquire's place in the queue)
-        await self._acquire()
-        _mark_running()
+    async def _run_staged(self, fn: Callable[[], Awaitable[Awaitable[T]]], turn: _Turn) -> T:
+        await self._begin(turn)
         try:
             rest = await fn()
         finally:
@@ -177,29 +222,10 @@ class CallQueue:
         return await rest
 
     async def __aenter__(self) -> None:
-        await self._acquire()
+        await self._wait(self._reserve(asyncio.get_running_loop()))
 
     async def __aexit__(self, *exc: object) -> None:
         self._release()
-
-    async def _acquire(self) -> None:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if not self._busy:
-                self._busy = True
-                return
-            turn = _Turn(loop, loop.create_future())
-            self._waiters.append(turn)
-        try:
-            await turn.future
-        except asyncio.CancelledError:
-            with self._lock:
-                granted = turn.granted
-                if not granted:
-                    self._waiters.remove(turn)
-            if granted:
-                self._release()  # given the turn, then cancelled: pass it on
-            raise
 
     def _release(self) -> None:
         with self._lock:
@@ -232,14 +258,6 @@ class _Turn:
         return True
 
 
-def _mark_running() -> None:
-    """The current call has its turn: from here on it runs to its end (called with no await
-    since its turn was granted)."""
-    call = asyncio.current_task()
-    if isinstance(call, _Call):
-        call.running = True
-
-
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
         return asyncio.get_running_loop()
@@ -256,8 +274,9 @@ class _Call(asyncio.Task):  # type: ignore[type-arg]
     """The task of a queued call: ``cancel()`` withdraws it while it waits for its turn and is
     refused (returns False) once it runs."""
 
-    running = False
-    unstarted_in: CallQueue | None = None  # the queue counting it until its task runs
+    running = False  # has its turn: runs to its end
+    began = False    # its task has run (a call cancelled before that gives its place up)
+    result_of: _ResultOf[Any] | None = None  # the coroutine its caller got
 
     def cancel(self, msg: Any = None) -> bool:
         if self.running:
@@ -271,10 +290,52 @@ def _consume(call: asyncio.Future[Any]) -> None:
         call.exception()
 
 
-async def _result_of(call: asyncio.Task[T]) -> T:
+def _withdraw(call: asyncio.Task[Any]) -> None:
+    """Nothing awaits `call` any more: withdrawn if it still waits for its turn (its cancel
+    is refused once it runs), its outcome consumed."""
+    call.cancel()
+    call.add_done_callback(_consume)
+
+
+async def _awaited(call: asyncio.Task[T]) -> T:
     try:
         return await asyncio.shield(call)
     except asyncio.CancelledError:
-        call.cancel()  # withdrawn if it still waits for its turn; refused once it runs
-        call.add_done_callback(_consume)
+        _withdraw(call)
         raise
+
+
+class _ResultOf(Coroutine[Any, Any, T]):
+    """The coroutine a queued call's caller gets: awaits the call's result (shielded: a
+    cancelled awaiter gets ``CancelledError`` at once, and the call is withdrawn if it still
+    waits for its turn). A plain coroutine would miss one case: a task wrapping it that is
+    cancelled before its first step (``asyncio.create_task(train.step(x)).cancel()``, a
+    TaskGroup cancelled early) never runs its body, so its ``except CancelledError`` never
+    withdrew the call, which then ran anyway."""
+
+    __slots__ = ("_call", "_inner", "started")
+
+    def __init__(self, call: asyncio.Task[T]):
+        self._call, self._inner = call, _awaited(call)
+        self.started = False  # its first step has run (or it is awaited directly)
+
+    def send(self, value: Any) -> Any:
+        self.started = True
+        return self._inner.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        exc = typ if isinstance(typ, BaseException) else typ() if val is None else val
+        if tb is not None:
+            exc = exc.with_traceback(tb)
+        if not self.started:
+            self.started = True
+            if isinstance(exc, asyncio.CancelledError):
+                _withdraw(self._call)
+        return self._inner.throw(exc)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        self.started = True
+        return self._inner.__await__()

@@ -123,6 +123,34 @@ def test_a_step_cancelled_in_the_queue_never_runs(gpu_device) -> None:
     run(go())
 
 
+def test_a_step_whose_task_is_cancelled_before_it_ran_never_runs(gpu_device) -> None:
+    """A task wrapping the call, cancelled before its first step (``create_task(...)``
+    then ``cancel()``, a TaskGroup cancelled by its body), withdraws the step: a coroutine
+    cancelled before it starts never runs its own body, which used to let the step run."""
+    ref = reference(gpu_device)
+
+    async def go() -> None:
+        train = await compile_deep(gpu_device)
+        cancelled = asyncio.create_task(train.step(**batch(7)))
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        with pytest.raises(ExceptionGroup) as failed:
+            async with asyncio.TaskGroup() as group:
+                steps = [group.create_task(train.step(**batch(7))) for _ in range(2)]
+                raise RuntimeError("the body failed")
+        assert failed.group_contains(RuntimeError, match="the body failed")
+        assert all(s.cancelled() for s in steps)
+        await asyncio.sleep(0.05)   # (a step that was not withdrawn would run meanwhile)
+        assert train.step_count == 0
+        assert bits(await train.download_params()) == ref["init"]
+        assert (await train.step(**batch(0))).kind == "completed"
+        await go_on_as_the_reference(train, ref)
+        train.destroy()
+
+    run(go())
+
+
 def test_a_step_left_running_when_its_event_loop_ends_completes(gpu_device) -> None:
     """The native tests' own pattern: one handle over several asyncio.run calls. asyncio.run
     cancels the tasks left at its end; a step on the GPU then finishes there (a queued one

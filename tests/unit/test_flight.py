@@ -5,6 +5,7 @@ finished) and use from several threads."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -131,7 +132,7 @@ def test_a_running_call_runs_to_its_end_when_its_awaiter_is_cancelled():
 
         first = asyncio.ensure_future(queue.submit(lambda: work(1)))
         second = asyncio.ensure_future(queue.submit(lambda: work(2)))
-        await asyncio.sleep(0)
+        await until(lambda: log)
         assert log == [("start", 1)]
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -252,18 +253,18 @@ def test_idle_says_whether_a_call_made_now_runs_at_once():
         gates = [asyncio.Event(), asyncio.Event()]
         assert queue.idle
         withdrawn = asyncio.ensure_future(queue.submit(gates[0].wait))
-        assert not queue.idle and not queue.busy  # made, its task not run yet
+        assert not queue.idle and queue.busy  # made: the turn is its, its task not run yet
         call = next(t for t in asyncio.all_tasks() if isinstance(t, _Call))
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await withdrawn
+        await asyncio.sleep(0)  # (the cancelled call's done callback gives its place up)
         assert queue.idle and call.cancelled()
 
         first = asyncio.ensure_future(queue.submit(gates[0].wait))
-        assert not queue.idle and not queue.busy
-        await asyncio.sleep(0)
-        assert queue.busy and not queue.idle
+        assert not queue.idle and queue.busy
         second = asyncio.ensure_future(queue.submit(gates[1].wait))
+        assert not queue.idle
         await asyncio.sleep(0)
         gates[0].set()
         await first
@@ -271,5 +272,46 @@ def test_idle_says_whether_a_call_made_now_runs_at_once():
         gates[1].set()
         await second
         assert queue.idle and not queue.busy
+
+    asyncio.run(main())
+
+
+async def until(ready: Callable[[], object], iterations: int = 10) -> None:
+    """Let the event loop run until `ready()` (at most `iterations` times round)."""
+    for _ in range(iterations):
+        if ready():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("not ready after the event loop went round")
+
+
+def test_a_call_whose_task_is_cancelled_before_it_ran_is_withdrawn():
+    """A task made to await a call and cancelled before its first step (create_task then
+    cancel, a TaskGroup whose body fails, asyncio.wait_for with no time) withdraws the call,
+    queued behind another or not; calls made after it keep their order. A call nothing
+    awaits, and one awaited directly, still run in call order."""
+    async def main():
+        queue, log = CallQueue(), []
+
+        async def work(n: int) -> int:
+            log.append(n)
+            await asyncio.sleep(0)
+            return n
+
+        cancelled = asyncio.create_task(queue.submit(lambda: work(1)))
+        cancelled.cancel()
+        unawaited = queue.submit(lambda: work(2))
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(queue.submit(lambda: work(3)), 0)
+        with pytest.raises(ExceptionGroup):
+            async with asyncio.TaskGroup() as group:
+                group.create_task(queue.submit(lambda: work(4)))
+                raise RuntimeError("the body failed")
+        behind = asyncio.create_task(queue.submit(lambda: work(5)))
+        assert await queue.submit(lambda: work(6)) == 6
+        assert await behind == 5 and await unawaited == 2
+        assert cancelled.cancelled()
+        await asyncio.sleep(0)
+        assert log == [2, 5, 6] and queue.idle
 
     asyncio.run(main())
