@@ -48,6 +48,9 @@ _FORMATS: dict[str, tuple[Literal["f", "i", "I"], str]] = {
     "f32": ("f", "float32"), "i32": ("i", "int32"), "bool": ("I", "uint32")}
 _RANGES = {"f32": "-3.4e38..3.4e38", "i32": "-2147483648..2147483647", "bool": "0..4294967295"}
 _NUMPY: Any = None
+# Buffer formats read as raw bytes (bytes, bytearray, array('B'), a byte view): the data's
+# element type is the declared one. A signed byte format ('b', int8 data) is typed data.
+RAW_FORMATS = ("B", "c")
 
 
 def numpy_or_none() -> Any:
@@ -99,7 +102,7 @@ def carried_shape(value: Any) -> tuple[int, ...] | None:
             return _nested("data", value)[0]
         except ShapeError:
             return None
-    if isinstance(value, memoryview) and value.format in ("B", "b", "c"):
+    if isinstance(value, memoryview) and value.format in RAW_FORMATS:
         return None  # raw bytes: no element shape
     shape = getattr(value, "shape", None)
     if isinstance(shape, tuple) and all(_is_int(d) for d in shape):
@@ -154,20 +157,23 @@ def check_host_shape(what: str, value: Any, shape: Sequence[int | None],
 
 
 def element_count(value: Any) -> int:
-    """How many elements host data holds (a nested list's items, a buffer's items)."""
+    """How many elements host data holds (a nested list's items, a buffer's items; raw bytes
+    hold one element per 4 bytes, the size of every host dtype)."""
     if isinstance(value, (int, float)):
         return 1
     size = getattr(value, "size", None)
-    if _is_int(size):  # numpy arrays
+    if _is_int(size):  # numpy arrays and scalars
         return size
     if isinstance(value, (list, tuple)):
         try:
             return len(_nested("data", value)[1])
         except ShapeError:
             return len(value)
-    if isinstance(value, memoryview):
-        return value.nbytes // max(1, value.itemsize)
-    return len(value)
+    try:
+        view = memoryview(value)
+    except TypeError:
+        return len(value)
+    return view.nbytes // (4 if view.format in RAW_FORMATS else max(1, view.itemsize))
 
 
 def list_array(what: str, items: list[Any], fmt: str, dtype: str, count: int) -> Any:
@@ -191,24 +197,39 @@ def list_array(what: str, items: list[Any], fmt: str, dtype: str, count: int) ->
         raise ShapeError(what, f"expected {count} {dtype} numbers, got {e}") from None
 
 
+def numpy_as(what: str, value: Any, dtype: DType) -> Any:
+    """A numpy array (or numpy scalar) as an array of `dtype`'s host type: converted where
+    the kind fits (floats to f32; ints, uints and bools to i32 or bool, i32 range-checked),
+    else ShapeError naming `what`. Nothing is silently wrapped or reinterpreted."""
+    np = numpy_or_none()
+    value = np.asarray(value)
+    np_name = _FORMATS[dtype][1]
+    if value.dtype == np.dtype(np_name):
+        return value
+    kind = value.dtype.kind
+    ok = (dtype == "f32" and kind == "f") or (dtype in ("i32", "bool") and kind in "iub")
+    if not ok:
+        raise ShapeError(what, f"expected {dtype} data, got a numpy array of {value.dtype}")
+    if dtype == "i32" and kind in "iu" and value.size:
+        lo, hi = int(value.min()), int(value.max())
+        if lo < -2**31 or hi >= 2**31:
+            raise ShapeError(what, f"a {value.dtype} array with values {lo}..{hi} "
+                             "does not fit i32 (-2147483648..2147483647)")
+    return value.astype(np_name)
+
+
+def is_numpy(value: Any) -> bool:
+    """Whether `value` is a numpy array or a numpy scalar (numpy imported or not)."""
+    np = numpy_or_none()
+    return np is not None and isinstance(value, (np.ndarray, np.generic))
+
+
 def _numpy_bytes(what: str, value: Any, shape: Sequence[int], dtype: DType,
                  param: bool) -> memoryview:
     """:func:`to_bytes` of a numpy array: its dtype converted where the kind fits."""
     np = numpy_or_none()
-    np_name = _FORMATS[dtype][1]
     count = prod(shape)
-    if value.dtype != np.dtype(np_name):
-        kind = value.dtype.kind
-        ok = (dtype == "f32" and kind == "f") or (dtype in ("i32", "bool") and kind in "iub")
-        if not ok:
-            raise ShapeError(what, f"expected {dtype} data, got a numpy array of "
-                             f"{value.dtype}")
-        if dtype == "i32" and kind in "iu" and value.size:
-            lo, hi = int(value.min()), int(value.max())
-            if lo < -2**31 or hi >= 2**31:
-                raise ShapeError(what, f"a {value.dtype} array with values {lo}..{hi} "
-                                 "does not fit i32 (-2147483648..2147483647)")
-        value = value.astype(np_name)
+    value = numpy_as(what, value, dtype)
     if value.size != count:
         raise ShapeError(what, f"expected {count} elements (shape {list(shape)}), got "
                          f"{value.size} (shape {list(value.shape)})")
@@ -227,8 +248,7 @@ def to_bytes(what: str, value: HostData, shape: Sequence[int], dtype: DType,
     Linear layout)."""
     fmt = _FORMATS[dtype][0]
     count = prod(shape)
-    np = numpy_or_none()
-    if np is not None and isinstance(value, np.ndarray):
+    if is_numpy(value):
         return _numpy_bytes(what, value, shape, dtype, param)
     if isinstance(value, (list, tuple)):
         value = list_array(what, flat_list(what, value, shape, param), fmt, dtype, count)
@@ -238,7 +258,7 @@ def to_bytes(what: str, value: HostData, shape: Sequence[int], dtype: DType,
     except TypeError:
         raise ShapeError(what, f"expected a numpy array or a buffer of {dtype}, got "
                          f"{type(value).__name__}") from None
-    if view.format not in ("B", "b", "c") and view.format.lstrip("@=<") != fmt and \
+    if view.format not in RAW_FORMATS and view.format.lstrip("@=<") != fmt and \
             not (dtype == "i32" and view.format.lstrip("@=<") in ("l",) and view.itemsize == 4):
         raise ShapeError(what, f"expected {dtype} data (format '{fmt}'), got a buffer of "
                          f"format '{view.format}'")

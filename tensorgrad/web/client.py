@@ -42,7 +42,15 @@ from typing import TYPE_CHECKING, Any, Self
 
 from ..errors import RemoteError, remote_error
 from ..gpu import WebGPUSupport, in_pyodide
-from ..hostdata import check_host_shape, flat_list, from_bytes, list_array, numpy_or_none
+from ..hostdata import (
+    check_host_shape,
+    flat_list,
+    from_bytes,
+    is_numpy,
+    list_array,
+    numpy_as,
+    numpy_or_none,
+)
 from ..results import Aborted, Captures, Completed, Failed, Result
 from .convert import flat_buffer, from_js, plain, to_js_value
 from .protocol import check_payload
@@ -137,12 +145,9 @@ def _typed_array(what: str, value: Any, dtype: str, shape: Any = None,
     if shape is not None:
         check_host_shape(what, value, shape, param)
     fmt = _FORMAT_OF_DTYPE.get(dtype, "f")
-    np = numpy_or_none()
-    if np is not None and isinstance(value, np.ndarray):
-        want = np.dtype({"f": "float32", "i": "int32", "I": "uint32"}[fmt])
-        if value.dtype != want and value.dtype.kind in ("f" if fmt == "f" else "iub"):
-            value = value.astype(want)
-        value = np.ascontiguousarray(value)
+    if is_numpy(value):  # converted (and range-checked) as the native API does
+        host: DType = "i32" if dtype == "i32" else "bool" if dtype == "bool" else "f32"
+        value = numpy_or_none().ascontiguousarray(numpy_as(what, value, host))
     elif isinstance(value, (list, tuple)):
         items = flat_list(what, value, (None,) if shape is None else shape, param)
         value = list_array(what, items, fmt, dtype, len(items))

@@ -5,6 +5,7 @@ Nothing a user passed in is silently changed or lost, and nothing hangs."""
 
 from __future__ import annotations
 
+import array
 import asyncio
 import re
 import time
@@ -118,6 +119,16 @@ CATALOGUE = [
         r"^input 'x': expected f32 data, got a numpy array of int32"),
     Bad("an i32 buffer for an f32 input", step(x=memoryview(np.ones(8, np.int32)), y=Y),
         ShapeError, r"^input 'x': expected f32 data \(format 'f'\), got a buffer of format 'i'"),
+    Bad("int8 data for an f32 input (4 int8s an f32's bytes: once read as raw bytes)",
+        step(x=array.array("b", X.tobytes()), y=Y), ShapeError,
+        r"^input 'x': expected f32 data \(format 'f'\), got a buffer of format 'b'"),
+    Bad("a 2-D int8 view for an f32 input",
+        step(x=memoryview(np.frombuffer(X.tobytes(), np.int8).reshape(4, 8)), y=Y),
+        ShapeError, r"^input 'x': expected f32 data \(format 'f'\), got a buffer of format 'b'"),
+    Bad("int8 ids for an i32 input",
+        lambda t: t.step(**{**tokens(), "ids": array.array("b", [3, 0, 0, 0] * 4)}),
+        ShapeError, r"^input 'ids': expected i32 data \(format 'i'\), got a buffer of format "
+        r"'b'", model="tokens"),
     Bad("a NaN in the data", step(x=NAN_X, y=Y), FloatingPointError,
         r"at step 1: the update was skipped, params and optimizer state are unchanged; "
         r"input 'x' holds nan at flat index 2"),
@@ -275,6 +286,65 @@ def test_strided_and_float64_inputs_give_exactly_the_contiguous_f32_result(gpu_d
         assert results[0] == results[1] == results[2], results
 
     run(go())
+
+
+def test_raw_bytes_give_a_forward_the_elements_of_the_input_s_dtype(gpu_device) -> None:
+    """bytes, bytearray and byte views hold one f32 (or i32) every 4 bytes, for a forward's
+    None dims, its fixed shapes and output_shape as for a step (they were counted as one
+    element a byte: a None dim resolved 4x too large, a fixed shape refused)."""
+    async def go() -> None:
+        train = await compile_tiny(gpu_device)
+        wild = await train.attach(forward=predict, inputs={"x": (None, 2)})
+        fixed = await tg.compile_forward(model=TinyMLP(), forward=predict, inputs={"x": (B, 2)},
+                                         seed=3, device=gpu_device)
+        x = data()["x"]
+        for forward in (wild, fixed):
+            want = (await forward.run(x=x)).output
+            for raw in (x.tobytes(), bytearray(x.tobytes()), memoryview(x.tobytes())):
+                assert forward.output_shape(x=raw) == (B, 1)
+                got = await forward.run(x=raw)
+                assert got.kind == "completed", got
+                assert np.array_equal(got.output, want)
+        fixed.destroy()
+        train.destroy()
+
+    run(go())
+
+
+def test_numpy_scalars_are_read_as_the_numbers_they_hold() -> None:
+    """A numpy scalar is a 0-d array: converted as one (a float for f32, an int that fits for
+    i32), never read as its raw bytes."""
+    import struct
+
+    from tensorgrad.hostdata import to_bytes
+
+    for value in (np.float64(2.5), np.float32(2.5), np.float16(2.5)):
+        assert bytes(to_bytes("input 's'", value, (), "f32")) == struct.pack("<f", 2.5)
+    for value in (np.int64(3), np.uint8(3), np.int16(3), np.int32(3)):
+        assert bytes(to_bytes("input 'k'", value, (), "i32")) == struct.pack("<i", 3)
+    with pytest.raises(ShapeError, match=r"^input 'k': a int64 array with values "
+                       r"1099511627776\.\.1099511627776 does not fit i32"):
+        to_bytes("input 'k'", np.int64(2**40), (), "i32")
+    with pytest.raises(ShapeError, match=r"^input 's': expected f32 data, got a numpy array "
+                       r"of int64"):
+        to_bytes("input 's'", np.int64(3), (), "f32")
+
+
+def test_the_page_client_converts_numpy_data_as_the_native_api_does() -> None:
+    """The page client (tensorgrad.web.client, Pyodide on the page) converts NumPy arrays
+    with hostdata.numpy_as before it sends them as typed arrays: int64 / uint32 ids out of
+    i32's range are refused there, never wrapped (the worker only sees the Int32Array)."""
+    from tensorgrad.hostdata import numpy_as
+    from tensorgrad.web import client
+
+    assert client.numpy_as is numpy_as
+    for bad in (np.array([0, 2**32 + 3]), np.array([3_000_000_000], np.uint32),
+                np.array([-2**31 - 1])):
+        with pytest.raises(ShapeError, match=r"^step input 'ids': a (u?int\d+) array with "
+                           r"values .* does not fit i32"):
+            numpy_as("step input 'ids'", bad, "i32")
+    ok = numpy_as("x", np.array([1, 2**31 - 1], np.uint32), "i32")
+    assert ok.dtype == np.int32 and ok.tolist() == [1, 2**31 - 1]
 
 
 def test_flat_nested_and_shaped_data_of_the_declared_layout_give_the_same_step(gpu_device
