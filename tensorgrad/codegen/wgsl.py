@@ -18,6 +18,13 @@ from .kernel import MAX_GROUPS_X, EmitContext, Kernel
 
 WG = 256
 
+# `is_nan(x)` for kernels that must keep a NaN where WGSL leaves it to the driver (max, min
+# and comparisons: several drivers let the other operand win). A bit test: a comparison
+# x != x may be compiled away by drivers that assume no NaN.
+IS_NAN_WGSL = """fn is_nan(x: f32) -> bool {
+  return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}"""
+
 # The WGSL type a kernel computes with: f16 values are read into f32s.
 _TYPES = {"f32": "f32", "i32": "i32", "bool": "u32", "f16": "f32"}
 # The element type of a binding.

@@ -59,6 +59,10 @@ NAN_WGSL = """fn nan_if(x: f32, bad: bool) -> f32 {
   return select(x, bitcast<f32>(0x7fc00000u | u32(bad)), bad);
 }"""
 
+# max(NaN, 0) is 0 on some drivers: a NaN must stay NaN (as in NumPy and PyTorch), or a bad
+# input would vanish silently in the forward (relu, maximum, minimum: w.IS_NAN_WGSL).
+IS_NAN_WGSL = w.IS_NAN_WGSL
+
 # WGSL's builtin tanh loses all relative accuracy near 0 on some drivers (lavapipe gives
 # tanh(1e-12) = 3e-8), which wrecks gradients of deep tanh nets at small init. Odd Taylor
 # series below 0.1 (error < 3e-10 relative), a cancellation-free exp form above.
@@ -119,12 +123,25 @@ def ones(shape: Sequence[int], dtype: DType = "f32") -> Tensor:
     return full(shape, 1, dtype)
 
 
+def scalar_of(op: str, value: float, dtype: DType) -> float:
+    """A Python number as a scalar operand of a `dtype` tensor: an int for i32, where a
+    number that is not an integer is refused (an i32 op would truncate 0.5 to 0 silently),
+    else a float."""
+    if dtype != "i32":
+        return float(value)
+    if isinstance(value, float) and not value.is_integer():
+        raise ShapeError(op, f"the number {value!r} is not an integer, and the tensor it "
+                         "meets is i32: an i32 op would truncate it. Pass an integer, or "
+                         "compute with an f32 tensor")
+    return int(value)
+
+
 def _as_tensor(op: str, x: TensorLike, like: Tensor) -> Tensor:
     if isinstance(x, Tensor):
         return x
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise ShapeError(op, f"expected a Tensor or a Python number, got {type(x).__name__}")
-    return full((), x, like.dtype)
+    return full((), scalar_of(op, x, like.dtype), like.dtype)
 
 
 def _both(op: str, a: TensorLike, b: TensorLike) -> tuple[Tensor, Tensor]:
@@ -193,10 +210,25 @@ def _torch_minmax(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext) ->
     return tx.call(f"torch.{n.op}", cx.tensor(x, n.dtype).text, cx.tensor(y, n.dtype).text)
 
 
-_binary("minimum", lambda a, b: _np().minimum(a, b), "min(a0, a1)",
-        _minmax_vjp(lambda a, b: less(a, b)), _torch_minmax)
-_binary("maximum", lambda a, b: _np().maximum(a, b), "max(a0, a1)",
-        _minmax_vjp(lambda a, b: greater(a, b)), _torch_minmax)
+def _minmax_expr(fn: str) -> Callable[[Node], str]:
+    """min/max of a0, a1; for floats a NaN operand gives NaN (as NumPy and PyTorch), which
+    WGSL's min/max leave to the driver (several return the other operand)."""
+    def expr(node: Node) -> str:
+        if node.dtype == "i32":
+            return f"{fn}(a0, a1)"
+        return f"select(select({fn}(a0, a1), a0, is_nan(a0)), a1, is_nan(a1))"
+    return expr
+
+
+def _minmax(name: str, fn: str, compare: Callable[[Tensor, Tensor], Tensor]) -> None:
+    define(name, infer=_binary_infer(name, ("f32", "i32")),
+           ref=lambda args, node: getattr(_np(), name)(args[0], args[1]),
+           vjp=_minmax_vjp(compare), expr=_minmax_expr(fn), prelude=IS_NAN_WGSL,
+           torch=_torch_minmax, doc=f"elementwise {fn}(a, b) with broadcasting (NaN wins)")
+
+
+_minmax("minimum", "min", lambda a, b: less(a, b))
+_minmax("maximum", "max", lambda a, b: greater(a, b))
 _binary("less", lambda a, b: a < b, "select(0u, 1u, a0 < a1)", NO_GRAD,
         tx.operator("<", tx.CMP), out_dtype="bool")
 _binary("greater", lambda a, b: a > b, "select(0u, 1u, a0 > a1)", NO_GRAD,
@@ -239,11 +271,11 @@ define("mul_scalar", infer=_scalar_infer("mul_scalar"),
 
 
 def add_scalar(x: Tensor, s: float) -> Tensor:
-    return record("add_scalar", [x], scalar=int(s) if x.dtype == "i32" else float(s))
+    return record("add_scalar", [x], scalar=scalar_of("add", s, x.dtype))
 
 
 def mul_scalar(x: Tensor, s: float) -> Tensor:
-    return record("mul_scalar", [x], scalar=int(s) if x.dtype == "i32" else float(s))
+    return record("mul_scalar", [x], scalar=scalar_of("mul", s, x.dtype))
 
 
 @public
@@ -260,7 +292,7 @@ def add(a: TensorLike, b: TensorLike) -> Tensor:
 def sub(a: TensorLike, b: TensorLike) -> Tensor:
     """a - b with broadcasting; a Python number on either side."""
     if _is_number(b) and isinstance(a, Tensor):
-        return add_scalar(a, -b)
+        return add_scalar(a, -scalar_of("sub", b, a.dtype))
     return record("sub", list(_both("sub", a, b)))
 
 
@@ -343,7 +375,7 @@ def where(cond: Tensor, a: TensorLike, b: TensorLike) -> Tensor:
         raise ShapeError("where", f"cond must be a bool Tensor, got {type(cond).__name__}")
     a_t, b_t = _both("where", a, b)
     if not isinstance(a, Tensor) and isinstance(b, Tensor):
-        a_t = full((), a, b.dtype)
+        a_t = full((), scalar_of("where", a, b.dtype), b.dtype)
     return record("where", [cond, a_t, b_t])
 
 
@@ -410,11 +442,6 @@ sin = _unary("sin", lambda x: _np().sin(x), "sin(a0)",
 cos: Callable[[Tensor], Tensor] = _unary("cos", lambda x: _np().cos(x), "cos(a0)",
              lambda i, c, dy, at: [mul(dy, neg(sin(i[0])))], "Cosine",
              torch=tx.function("torch.cos"))
-# max(NaN, 0) is 0 on some drivers: a NaN must stay NaN (as in NumPy and PyTorch), or a bad
-# input would vanish silently in the forward.
-IS_NAN_WGSL = """fn is_nan(x: f32) -> bool {
-  return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
-}"""
 relu = _unary("relu", lambda x: _np().maximum(x, 0), "select(max(a0, 0.0f), a0, is_nan(a0))",
               lambda i, c, dy, at: [record("relu_grad", [c, dy])], "max(x, 0)",
               prelude=IS_NAN_WGSL,
@@ -498,20 +525,23 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
 
 @public
 def softplus(x: Tensor) -> Tensor:
-    """log(1 + e^x), computed overflow-safely as max(x, 0) + log(1 + e^-|x|)."""
-    return add(relu(x), log(add_scalar(exp(neg(abs(x))), 1.0)))
+    """log(1 + e^x), computed overflow-safely as (x + |x|) / 2 + log(1 + e^-|x|): its
+    gradient is sigmoid(x) everywhere, 0.5 at 0 as in PyTorch (max(x, 0) in place of
+    (x + |x|) / 2 would give -0.5 there, relu's and abs's choices at 0 disagreeing)."""
+    return add(mul_scalar(add(x, abs(x)), 0.5), log(add_scalar(exp(neg(abs(x))), 1.0)))
 
 
 @public
 def clamp(x: Tensor, min: float | None = None, max: float | None = None) -> Tensor:
-    """Limit x to [min, max] (either bound may be None)."""
+    """Limit x to [min, max] (either bound may be None). The gradient is 1 where min <= x <=
+    max, bounds included, as torch.clamp's; a NaN stays NaN."""
     if min is None and max is None:
         raise ShapeError("clamp", "give at least one of min and max")
     out = x
     if min is not None:
-        out = maximum(out, min)
+        out = maximum(min, out)  # (ties send the gradient to the second operand: x)
     if max is not None:
-        out = minimum(out, max)
+        out = minimum(max, out)
     return out
 
 

@@ -76,7 +76,7 @@ def _pool_scan(x: Any, attrs: Attrs, out_hw: Sequence[int]) -> tuple[Any, Any]:
     for i in range(kh):
         for j in range(kw):
             v = _windows(xp, i, j, out_hw, attrs["stride"])
-            wins = v > best
+            wins = (v > best) | (np.isnan(v) & ~np.isnan(best))  # the first NaN wins
             best = np.where(wins, v, best)
             arg = np.where(wins, i * kw + j, arg)
     return best, arg
@@ -118,7 +118,7 @@ def _pool_scan_wgsl(at: dict[str, Any], x_shape: Shape, oh: str, ow: str, base: 
         let pw_ = i32({ow} * {w.u(sw)} + sj) - {pw}i;
         if (pw_ < 0i || pw_ >= {wd}i) {{ continue; }}
         let v = in0[{base} + u32(ph_) * {w.u(wd)} + u32(pw_)];
-        if (v > best) {{ best = v;{arg_set} }}
+        if (v > best || (is_nan(v) && !is_nan(best))) {{ best = v;{arg_set} }}
       }}
     }}"""
 
@@ -133,7 +133,7 @@ def _emit_max_pool2d(ctx: EmitContext) -> Kernel:
 {_pool_scan_wgsl(ctx.node.attrs, x.shape, "oh", "ow", "base", False)}
     out[i] = best;
   }}"""
-    return w.thread_kernel(ctx, body)
+    return w.thread_kernel(ctx, body, prelude=w.IS_NAN_WGSL)
 
 
 def _emit_max_pool2d_grad_direct(ctx: EmitContext) -> Kernel:
@@ -158,7 +158,7 @@ def _emit_max_pool2d_grad_direct(ctx: EmitContext) -> Kernel:
     }}
   }}
   out[i] = acc;"""
-    return w.thread_kernel(ctx, body)
+    return w.thread_kernel(ctx, body, prelude=w.IS_NAN_WGSL)
 
 
 def _emit_max_pool2d_grad_cells(ctx: EmitContext) -> Kernel:
@@ -184,8 +184,9 @@ def _emit_max_pool2d_grad_cells(ctx: EmitContext) -> Kernel:
             pos = (f"u32(clamp({hi}, 0i, {h - 1}i)) * {w.u(wd)} + "
                    f"u32(clamp({wi}, 0i, {wd - 1}i))")
             inside = f"{_in_range(hi, h)} && {_in_range(wi, wd)}"
+            wins = f"v{i}_{j} > best || (is_nan(v{i}_{j}) && !is_nan(best))"
             lines += [f"  let v{i}_{j} = in0[base + {pos}];",
-                      f"  let b{i}_{j} = {inside} && v{i}_{j} > best;",
+                      f"  let b{i}_{j} = {inside} && ({wins});",
                       f"  best = select(best, v{i}_{j}, b{i}_{j});",
                       f"  arg = select(arg, {i * kw + j}i, b{i}_{j});"]
     at_dy = f"plane * {w.u(ho * wo)} + min(oh, {w.u(ho - 1)}) * {w.u(wo)} + min(ow, {w.u(wo - 1)})"
@@ -197,7 +198,8 @@ def _emit_max_pool2d_grad_cells(ctx: EmitContext) -> Kernel:
             value = f"select(0.0f, g, arg == {i * kw + j}i)" if i < kh and j < kw else "0.0f"
             lines.append(f"  if ({_in_range(hi, h)} && {_in_range(wi, wd)}) {{ "
                          f"out[base + u32({hi}) * {w.u(wd)} + u32({wi})] = {value}; }}")
-    return w.thread_kernel(ctx, "\n".join(lines), b * c * cells[0] * cells[1])
+    return w.thread_kernel(ctx, "\n".join(lines), b * c * cells[0] * cells[1],
+                           prelude=w.IS_NAN_WGSL)
 
 
 def _emit_max_pool2d_grad(ctx: EmitContext) -> Kernel:
@@ -232,7 +234,7 @@ def _torch_max_pool2d(n: tx.TorchNode, a: Sequence[tx.Expr], cx: tx.TorchContext
 
 define("max_pool2d", infer=_infer_max_pool2d, ref=_ref_max_pool2d, vjp=_vjp_max_pool2d,
        emit=_emit_max_pool2d, torch=_torch_max_pool2d,
-       doc="Window max over [B,C,H,W]; padding never wins.")
+       doc="Window max over [B,C,H,W]; padding never wins, a NaN does (the first).")
 define("max_pool2d_grad", infer=_infer_max_pool2d_grad, ref=_ref_max_pool2d_grad,
        vjp=GRAD_ERROR, emit=_emit_max_pool2d_grad,
        doc="dy routed to each window's first maximum (recomputed scan).")

@@ -152,7 +152,7 @@ def _emit_argmax_last(ctx: EmitContext) -> Kernel:
   var idx = lid;
   for (var j = lid + {w.u(w.WG)}; j < {w.u(length)}; j = j + {w.u(w.WG)}) {{
     let v = in0[base + j];
-    if (v > best) {{ best = v; idx = j; }}
+    if (v > best || (is_nan(v) && !is_nan(best))) {{ best = v; idx = j; }}
   }}
   sv[lid] = best;
   si[lid] = idx;
@@ -161,29 +161,34 @@ def _emit_argmax_last(ctx: EmitContext) -> Kernel:
     if (lid < step) {{
       let ov = sv[lid + step];
       let oi = si[lid + step];
-      if (ov > sv[lid] || (ov == sv[lid] && oi < si[lid])) {{ sv[lid] = ov; si[lid] = oi; }}
+      let cv = sv[lid];
+      let ci = si[lid];
+      let earlier = oi < ci;
+      if ((is_nan(ov) && (!is_nan(cv) || earlier)) ||
+          (!is_nan(cv) && (ov > cv || (ov == cv && earlier)))) {{ sv[lid] = ov; si[lid] = oi; }}
     }}
     workgroupBarrier();
   }}
   if (lid == 0u) {{ out[g] = i32(si[0]); }}"""
         prelude = (f"var<workgroup> sv: array<f32, {w.WG}>;\n"
-                   f"var<workgroup> si: array<u32, {w.WG}>;")
+                   f"var<workgroup> si: array<u32, {w.WG}>;\n{w.IS_NAN_WGSL}")
         return w.workgroup_kernel(ctx, body, rows, prelude=prelude)
     body = f"""  let base = i * {w.u(length)};
   var best = in0[base];
   var idx = 0u;
   for (var j = 1u; j < {w.u(length)}; j = j + 1u) {{
     let v = in0[base + j];
-    if (v > best) {{ best = v; idx = j; }}
+    if (v > best || (is_nan(v) && !is_nan(best))) {{ best = v; idx = j; }}
   }}
   out[i] = i32(idx);"""
-    return w.thread_kernel(ctx, body, rows, size=w.serial_reduce_size(ctx))
+    return w.thread_kernel(ctx, body, rows, size=w.serial_reduce_size(ctx),
+                           prelude=w.IS_NAN_WGSL)
 
 
 define("argmax_last", infer=_infer_last("argmax_last", keep=False, out_dtype="i32"),
        ref=lambda args, node: _np().argmax(args[0], axis=-1).astype(_np().int32),
        vjp=NO_GRAD, emit=_emit_argmax_last, torch=tx.last_axis("argmax(-1)"),
-       doc="Index of the max over the last axis (ties: first), i32, axis dropped.")
+       doc="Index of the max over the last axis (ties and NaN: the first), i32, axis dropped.")
 
 
 @public

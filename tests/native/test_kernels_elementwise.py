@@ -58,3 +58,28 @@ def test_negative_domain_gives_nan(gpu_device, fn) -> None:
     got = asyncio.run(run_node(gpu_device, b.graph, b.graph[b.out],
                                [b.values.get(n.attrs.get("name")) for n in b.graph.nodes]))
     assert np.isnan(got[:2]).all() and np.isfinite(got[2:]).all(), got
+
+
+class _Probs(tg.Module):
+    def __init__(self) -> None:
+        self.p = tg.Linear(2, 2)
+
+
+def test_a_nan_through_a_fused_clamp_fails_the_step(gpu_device) -> None:
+    """log of a negative value, clamped: the NaN must reach the loss through the fused
+    kernel's max and min (several drivers let the bound win), so the step guard skips the
+    update instead of training on a finite loss made of clamped NaNs."""
+    async def go() -> tuple[tg.Result, int]:
+        train = await tg.compile(
+            model=_Probs(), loss=lambda m, x: tg.sum(tg.clamp(tg.log(m.p(x)), -1.0, 1.0)),
+            inputs={"x": (1, 2)}, optimizer=tg.optim.SGD(lr=0.1), seed=0, device=gpu_device)
+        await train.upload_params({"p.W": np.eye(2, dtype=np.float32),
+                                   "p.b": np.zeros(2, np.float32)})
+        result = await train.step(x=np.array([[-1.0, 2.0]], np.float32))
+        count = train.step_count
+        train.destroy()
+        return result, count
+
+    result, count = asyncio.run(go())
+    assert isinstance(result, tg.Failed) and isinstance(result.error, FloatingPointError), result
+    assert "loss is nan" in result.message and count == 0

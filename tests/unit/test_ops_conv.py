@@ -31,6 +31,10 @@ def separated(shape, seed=0):
             ).astype(np.float32)
 
 
+POOL_NANS = separated((1, 2, 4, 4))
+POOL_NANS[0, 0, 1, 2] = POOL_NANS[0, 1, 3, 0] = POOL_NANS[0, 1, 3, 1] = np.nan
+
+
 def pool_case(shape, k, stride=None, padding=0, name=""):
     return Case("max_pool2d", lambda x: tg.max_pool2d(x, k, stride, padding),
                 [Arg(shape, gen=separated(shape))],
@@ -64,6 +68,9 @@ CASES = [
     pool_case((2, 2, 7, 7), 3, 2, 1, name="k3s2p1"),
     pool_case((1, 3, 5, 6), (2, 3), (1, 2), (1, 1), name="pairs"),
     pool_case((1, 1, 5, 5), 2, 1, name="overlap"),
+    # a NaN wins its windows (the first one), as in PyTorch
+    Case("max_pool2d", lambda x: tg.max_pool2d(x, 2, 1), [Arg((1, 2, 4, 4), gen=POOL_NANS)],
+         torch_fn=lambda x: F.max_pool2d(x, 2, 1), grad=False, name="nan"),
     upsample_case((1, 2, 3, 3), 2),
     upsample_case((2, 1, 2, 4), 3),
     Case("nearest_upsample2d", lambda x: tg.nearest_upsample2d(x, 1) * 2.0, [Arg((1, 1, 2, 2))],

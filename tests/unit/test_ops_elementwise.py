@@ -21,6 +21,9 @@ def _bin(op, tfn, args, **kw):
     return Case(op, getattr(tg, op), args, torch_fn=tfn, **kw)
 
 
+BOUNDS = np.array([-1.0, -0.5, 0.0, 0.5, 1.0, 0.0], np.float32)
+WITH_NAN = np.array([np.nan, -1.0, 0.25, np.nan, 2.0, 0.0], np.float32)
+
 CASES = [
     _bin("add", torch.add, [N, B]),
     _bin("add", torch.add, [COL, Arg((1, 4))], name="both-stretch"),
@@ -67,8 +70,24 @@ CASES = [
     Case("softplus", tg.softplus, [Arg((3, 4), gen=np.array(
         [[-30.0, -2, -0.5, 0.1], [0.7, 1.5, 3, 25], [-1, 1, 2, -2]], np.float32))],
         torch_fn=torch.nn.functional.softplus),
+    Case("softplus", tg.softplus, [Arg((4,), gen=np.array([0.0, 1e-8, -1e-8, 0.0], np.float32))],
+         name="at-zero", torch_fn=torch.nn.functional.softplus),  # sigmoid(0) = +0.5
     Case("clamp", lambda x: tg.clamp(x, -0.5, 0.5), [N],
          torch_fn=lambda x: torch.clamp(x, -0.5, 0.5), fd=False),
+    # values on the bounds: gradient 1 there, as torch.clamp's
+    Case("clamp", lambda x: tg.clamp(x, -0.5, 0.5), [Arg((6,), gen=BOUNDS)], name="bounds",
+         torch_fn=lambda x: torch.clamp(x, -0.5, 0.5), fd=False),
+    Case("clamp", lambda x: tg.clamp(x, min=0.0), [Arg((6,), gen=BOUNDS)],
+         name="bounds-min-only", torch_fn=lambda x: torch.clamp(x, min=0.0), fd=False),
+    Case("clamp", lambda x: tg.clamp(x, max=0.5), [Arg((6,), gen=BOUNDS)],
+         name="bounds-max-only", torch_fn=lambda x: torch.clamp(x, max=0.5), fd=False),
+    # a NaN stays NaN (WGSL's max/min leave it to the driver; several drop it)
+    Case("maximum", tg.maximum, [Arg((6,), gen=WITH_NAN), Arg((6,), gen=WITH_NAN[::-1].copy())],
+         name="nan", torch_fn=torch.maximum, grad=False),
+    Case("minimum", tg.minimum, [Arg((6,), gen=WITH_NAN), Arg((6,), gen=np.zeros(6, np.float32))],
+         name="nan", torch_fn=torch.minimum, grad=False),
+    Case("clamp", lambda x: tg.clamp(x, -0.5, 0.5), [Arg((6,), gen=WITH_NAN)], name="nan",
+         torch_fn=lambda x: torch.clamp(x, -0.5, 0.5), grad=False),
     Case("clamp", lambda x: tg.clamp(x, min=0.0), [N], name="min-only",
          torch_fn=lambda x: torch.clamp(x, min=0.0), fd=False),
     Case("stop_gradient", lambda x: tg.stop_gradient(x) * x, [N],
@@ -121,6 +140,28 @@ def test_error_names_user_line() -> None:
     with pytest.raises(ShapeError) as info:
         build(Case("err", lambda a, b: a + b, [Arg((3, 4)), Arg((5,))], grad=False))
     assert "test_ops_elementwise.py" in str(info.value)
+
+
+@pytest.mark.parametrize("fn, op, number", [
+    (lambda k: k * 0.5, "mul", "0.5"), (lambda k: 0.5 * k, "mul", "0.5"),
+    (lambda k: k + 1.5, "add", "1.5"), (lambda k: k - 0.5, "sub", "0.5"),
+    (lambda k: tg.maximum(k, 1.5), "maximum", "1.5"), (lambda k: tg.less(k, 1.5), "less", "1.5"),
+    (lambda k: tg.where(tg.less(k, 2), k, 0.5), "where", "0.5"),
+    (lambda k: tg.where(tg.less(k, 2), 0.5, k), "where", "0.5"),
+])
+def test_an_i32_tensor_refuses_a_number_that_is_not_an_integer(fn, op, number) -> None:
+    """An i32 op would truncate it (arange(4) * 0.5 was all zeros, k < 1.5 read k < 1)."""
+    with pytest.raises(ShapeError, match=rf"^{op}: the number {number} is not an integer, "
+                                         r"and the tensor it meets is i32"):
+        build(Case("err", fn, [Arg((3,), "i32", "int:0:3")], grad=False))
+
+
+def test_an_i32_tensor_takes_integral_floats_as_their_ints() -> None:
+    case = Case("mul", lambda k: k * 2.0 + 1.0, [Arg((3,), "i32", np.array([0, 1, 5]))],
+                grad=False)
+    b = build(case, with_grad=False)
+    out = run_reference(b)[b.out]
+    assert out.dtype == np.int32 and out.tolist() == [1, 3, 11]
 
 
 def test_mixed_dtypes_rejected() -> None:

@@ -13,6 +13,13 @@ from tests.harness import Arg, Case, build, run_reference
 
 TIES = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, -1.0, 2.0], [-5.0, -5.0, -5.0, -5.0]],
                 np.float32)
+# NaN wins an argmax or argmin (the first one), as in NumPy and PyTorch; LONG_NANS's rows
+# are long enough for the workgroup kernel
+NANS = np.array([[1.0, np.nan, 3.0, np.nan], [2.0, 5.0, -1.0, 2.0], [np.nan, np.nan, 0.0, 9.0]],
+                np.float32)
+LONG_NANS = np.random.default_rng(0).standard_normal((2, 3000)).astype(np.float32)
+LONG_NANS[0, [2100, 900]] = np.nan
+LONG_NANS[1, 2999] = np.nan
 BIG = np.array([[1000.0, 999.0, -1000.0, 0.5], [-800.0, -801.0, -802.0, -799.5]], np.float32)
 
 
@@ -79,6 +86,10 @@ CASES = [
     _arg("argmax", (3, 4), -1, gen=TIES, name="ties"),
     _arg("argmax", (3, 4), 0, gen=TIES, name="ties-axis0"),
     _arg("argmax", (7,), None, name="rank1"),
+    _arg("argmax", (3, 4), -1, gen=NANS, name="nan"),
+    _arg("argmax", (3, 4), 0, gen=NANS, name="nan-axis0"),
+    _arg("argmax", (2, 3000), -1, gen=LONG_NANS, name="nan-long"),
+    _arg("argmin", (3, 4), -1, gen=NANS, name="nan"),
     _arg("argmin", (3, 5)),
     _arg("argmin", (3, 5), 1),
     _arg("argmin", (2, 3, 4), 0),
