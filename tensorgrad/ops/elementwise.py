@@ -520,6 +520,9 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 @public
 def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     """x where x > 0 else negative_slope * x (right for any slope)."""
+    if not _is_number(negative_slope):
+        raise ShapeError("leaky_relu", f"negative_slope must be a number, got "
+                         f"{type(negative_slope).__name__} {negative_slope!r}")
     return where(greater(x, 0.0), x, mul_scalar(x, negative_slope))
 
 

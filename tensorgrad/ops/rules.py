@@ -51,10 +51,14 @@ def same_dtype(op: str, nodes: Sequence[Node]) -> DType:
     return nodes[0].dtype
 
 
-def normalize_axis(op: str, axis: int, rank: int, extra: int = 0) -> int:
-    """`axis` in [-(rank+extra), rank+extra) mapped to [0, rank+extra)."""
+def normalize_axis(op: str, axis: object, rank: int, extra: int = 0) -> int:
+    """`axis` in [-(rank+extra), rank+extra) mapped to [0, rank+extra); ShapeError for
+    anything else (a tuple of axes included: the reductions take one)."""
     n = rank + extra
-    if not isinstance(axis, int) or not -n <= axis < n:
+    if isinstance(axis, (tuple, list)):
+        raise ShapeError(op, f"axis must be one int, got {type(axis).__name__} {axis!r}: "
+                         "reduce one axis at a time (e.g. sum(sum(x, 2), 1))")
+    if isinstance(axis, bool) or not isinstance(axis, int) or not -n <= axis < n:
         raise ShapeError(op, f"axis {axis} is out of range for a tensor of rank {rank} "
                          f"(valid: {-n}..{n - 1})")
     return axis + n if axis < 0 else axis

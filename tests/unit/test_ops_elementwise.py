@@ -129,6 +129,11 @@ def test_abs_gradient_at_zero_is_plus_one() -> None:
     (lambda a, b: tg.gelu(a, approximate="fast"), r"gelu: approximate must be"),
     (lambda a, b: a ** 3, r"pow: only the exponents"),
     (lambda a, b: tg.clamp(a), r"clamp: give at least one"),
+    (lambda a, b: tg.leaky_relu(a, True),
+     r"leaky_relu: negative_slope must be a number, got bool True"),
+    (lambda a, b: tg.sum(a, (0, 1)),
+     r"sum: axis must be one int, got tuple \(0, 1\): reduce one axis at a time"),
+    (lambda a, b: tg.mean(a, [1]), r"mean: axis must be one int, got list \[1\]"),
     (lambda a, b: tg.zeros((2, 0)), r"zeros: dims must be positive ints, got \[2, 0\]"),
 ])
 def test_errors(fn, match) -> None:
