@@ -452,10 +452,10 @@ def _on_last(op: str, x: Tensor, axis: int, prim: str) -> Tensor:
     require_dtype(op, x.node, "f32")
     if x.ndim == 0:
         raise ShapeError(op, "input must have rank >= 1, got a 0-d tensor")
-    axis = normalize_axis(op, axis, x.ndim)
+    given, axis = axis, normalize_axis(op, axis, x.ndim)
     moved = swap_axes(x, axis, -1)
     if prim == "softmax_causal_last" and (moved.ndim < 2 or moved.shape[-1] != moved.shape[-2]):
-        raise ShapeError(op, f"with axis={axis} the last two axes must be square [..., T, T], "
+        raise ShapeError(op, f"with axis={given} the last two axes must be square [..., T, T], "
                          f"got shape {list(moved.shape)} (from input {list(x.shape)})")
     return swap_axes(record(prim, [moved]), axis, -1)
 

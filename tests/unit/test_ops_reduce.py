@@ -180,7 +180,7 @@ def _err(fn, *args: Arg):
     (lambda x: tg.log_softmax(tg.sum(x)), r"log_softmax: input must have rank >= 1"),
     (lambda x: tg.sum(tg.less(x, 0.0)), r"sum: input must be f32, got bool \(shape \[3, 4\]\)"),
     (lambda x: tg.argmin(tg.less(x, 0.0), 0), r"argmin: input must be f32, got bool"),
-    (lambda x: tg.softmax_causal(x), (r"softmax_causal: with axis=1 the last two axes must be "
+    (lambda x: tg.softmax_causal(x), (r"softmax_causal: with axis=-1 the last two axes must be "
                                      r"square \[..., T, T\], got shape \[3, 4\]")),
     (lambda x: tg.softmax_causal(tg.sum(x, 0)), r"softmax_causal: .*square.*got shape \[4\]"),
     (lambda x: tg.where_causal(x, 0.0), (r"where_causal: the last two axes must be square "
