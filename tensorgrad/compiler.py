@@ -259,8 +259,10 @@ def _optimizer(c: Compilation, o: Options) -> None:
                          "self.param(...) or layers such as tg.Linear, or run a function "
                          "without params with tg.compile_forward")
     c.optimizer = append_optimizer(c.graph, c.grads, c.request.optimizer,
-                                   {n: s.decay for n, s in c.params.items()}, limits=o.limits,
-                                   loss=c.output, arena=o.arena)
+                                   {n: s.decay if s.decay_set else None
+                                    for n, s in c.params.items()},
+                                   default_decay={n: s.decay for n, s in c.params.items()},
+                                   limits=o.limits, loss=c.output, arena=o.arena)
     c.graph.outputs = [c.output] + ([] if c.optimizer.status is None else [c.optimizer.status])
 
 

@@ -105,7 +105,9 @@ DEFAULT = Randn()  # the init of a param declared without one
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """A named param: shape, dtype, init spec, weight-decay flag and fan-in. Plain data."""
+    """A named param: shape, dtype, init spec, weight-decay flag and fan-in. Plain data.
+    `decay_set`: the flag was given (``Module.param(decay=...)``, a layer's ``decay=``);
+    otherwise it is :func:`default_decay`'s, and an optimizer's ``decay_filter`` decides."""
 
     name: str
     shape: tuple[int, ...]
@@ -113,6 +115,7 @@ class ParamSpec:
     init: InitSpec = DEFAULT
     decay: bool = True
     fan_in: int = 1
+    decay_set: bool = False
 
     @property
     def size(self) -> int:

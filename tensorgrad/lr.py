@@ -232,8 +232,10 @@ def staircase(peak: float, every: int, gamma: float, *,
 
 def multi_step(peak: float, milestones: list[int] | tuple[int, ...], gamma: float, *,
                start_step: int | None = None) -> MultiStep:
-    """`peak` multiplied by `gamma` at each of the `milestones` (steps), as PyTorch's
-    MultiStepLR (:class:`MultiStep`)."""
+    """`peak` multiplied by `gamma` at each of the `milestones` (steps): step s uses
+    ``peak * gamma ** (number of milestones <= s)``, as the upstream library's multiStep
+    (:class:`MultiStep`). That is PyTorch's MultiStepLR one step ahead: its LR after s
+    ``scheduler.step()`` calls, so the step at a milestone already uses the decayed LR."""
     return MultiStep(peak, tuple(milestones), gamma, start_step)
 
 

@@ -53,6 +53,7 @@ class Param:
     init: _init.InitSpec
     decay: bool
     fan_in: int
+    decay_set: bool = False  # decay was given (else: default_decay's, the filter decides)
 
     def __repr__(self) -> str:
         return (f"Param(shape={list(self.shape)}, dtype={self.dtype}, init={self.init!r}, "
@@ -80,7 +81,8 @@ class Module:
         only ever sees it as one (on the traced clone of the module).
 
         init: an init spec (default `init.randn(0.02)`); decay: weight decay flag (default:
-        on unless init is zeros/ones); fan_in: for `init.kaiming` (default
+        on unless init is zeros/ones, and an optimizer's `decay_filter` other than True
+        decides instead; a flag given here wins over the filter); fan_in: for `init.kaiming` (default
         `init.default_fan_in(shape)`: `shape[0]` up to rank 2, `prod(shape[1:])` above)."""
         where = type(self).__name__
         if is_tracing():
@@ -110,7 +112,8 @@ class Module:
             raise ShapeError(op, f"fan_in must be a positive int, got {fan_in!r}")
         _init.check_spec(spec, shape, dtype, op, fan_in)
         placeholder = Param(shape, dtype, spec,
-                            _init.default_decay(spec) if decay is None else decay, fan_in)
+                            _init.default_decay(spec) if decay is None else decay, fan_in,
+                            decay_set=decay is not None)
         return cast(Tensor, placeholder)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -164,7 +167,7 @@ def _fmt_shape(shape: Any) -> str:
 
 
 def _spec(name: str, p: Param) -> ParamSpec:
-    return ParamSpec(name, p.shape, p.dtype, p.init, p.decay, p.fan_in)
+    return ParamSpec(name, p.shape, p.dtype, p.init, p.decay, p.fan_in, p.decay_set)
 
 
 def _children(obj: Any) -> Iterator[tuple[str, Any]]:

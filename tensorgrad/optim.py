@@ -24,8 +24,10 @@ Semantics (step t is 1-based; the runtime increments t before each step):
 * SGD: ``g_eff = g + wd p`` for decayed params (coupled L2); with momentum ``v' = mu v + g_eff``
   and the update is ``v'`` (or ``g_eff + mu v'`` with Nesterov), else ``g_eff``;
   ``p' = p - lr_t update``.
-* Which params decay (``weight_decay > 0``): a param's entry in ``decay`` (from
-  ``Module.param``) wins; other params follow ``decay_filter`` (default: all).
+* Which params decay (``weight_decay > 0``): a flag a param was declared with
+  (``Module.param(decay=...)``, a layer's ``decay=``) wins; the others follow
+  ``decay_filter``: True (the default) decays those not initialised to zeros or ones (weights,
+  not biases or norm gains), False none, a glob or a callable exactly the params it matches.
 
 Name filters (``normalize_grads``, ``decay_filter``): True (all), False (none), a glob pattern
 matched against the whole param name with :func:`fnmatch.fnmatchcase` (``"*.weight"``), or a

@@ -94,6 +94,7 @@ class Training(Handle):
         self._grads = c.grads
         self._store, self._exe = c.store, c.executable
         self._lr: LR = optimizer.lr
+        self._lr_given: LR = optimizer.lr  # as given: a reset of the step counter restarts it
         self._t = 0
         self._prng_counter = 0
         self.seed = c.seed
@@ -469,8 +470,8 @@ class Training(Handle):
 
     def reset(self, params: bool = True, optimizer: bool = True) -> Coroutine[Any, Any, None]:
         """Re-initialise params (same seed, same values as at compile) and/or optimizer
-        state (zeros, step counter 0, a mixed-precision loss scale back at its initial
-        value), in call order with the steps."""
+        state (zeros, step counter 0, an LR schedule back at its step 1, a mixed-precision
+        loss scale back at its initial value), in call order with the steps."""
         async def reset() -> None:
             if params:
                 self._live_store().reset()
@@ -479,8 +480,9 @@ class Training(Handle):
         return self._queue.submit(reset)
 
     def reset_optimizer_state(self) -> Coroutine[Any, Any, None]:
-        """Zero every optimizer state buffer and restart the step counter (and a
-        mixed-precision loss scale at its initial value)."""
+        """Zero every optimizer state buffer and restart the step counter (an LR schedule,
+        the one given to set_lr included, restarts at its step 1; a mixed-precision loss
+        scale at its initial value)."""
         async def reset() -> None:
             self._zero_optimizer_state()
         return self._queue.submit(reset)
@@ -491,6 +493,7 @@ class Training(Handle):
             init = float(node.attrs.get("init", 0.0))
             exe.write(node.id, to_bytes("state", [init] * node.size, node.shape, "f32"))
         self._t = 0
+        self._lr = rebase(self._lr_given, 1)  # a schedule from set_lr restarts with the count
         if self._scaler is not None:
             self._scaler.reset()
 
@@ -502,7 +505,7 @@ class Training(Handle):
 
         async def apply() -> None:
             self._live_exe()
-            self._lr = rebase(lr, self._t + 1)
+            self._lr, self._lr_given = rebase(lr, self._t + 1), lr
         return self._queue.submit(apply)
 
     def replace_model(self, model: Module, seed: int | None = None,

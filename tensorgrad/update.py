@@ -390,27 +390,37 @@ def _kinds() -> str:
     return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
 
 
-def _choices(config: OptimizerConfig, names: list[str], decay: Mapping[str, bool | None]
-             ) -> tuple[list[str], list[str]]:
-    """(normalized, decayed): the params whose gradients are normalized, those that decay."""
+def _choices(config: OptimizerConfig, names: list[str], decay: Mapping[str, bool | None],
+             default_decay: Mapping[str, bool]) -> tuple[list[str], list[str]]:
+    """(normalized, decayed): the params whose gradients are normalized, those that decay (a
+    flag in `decay` wins; else a `decay_filter` other than True; else `default_decay`)."""
     normalized = [n for n in names if config.normalize_grads is not False
                   and _select("normalize_grads", config.normalize_grads, n)]
     if config.normalize_grads is not False and not normalized:
         raise ValueError(f"normalize_grads={config.normalize_grads!r} matches none of the "
                          f"params {names}")
-    wd = config.weight_decay
-    decayed = [n for n in names if wd > 0 and (decay[n] if decay.get(n) is not None else
-                                               _select("decay_filter", config.decay_filter, n))]
+
+    def decays(name: str) -> bool:
+        flag = decay.get(name)
+        if flag is not None:
+            return flag
+        if config.decay_filter is True:
+            return default_decay.get(name, True)
+        return _select("decay_filter", config.decay_filter, name)
+
+    decayed = [n for n in names if config.weight_decay > 0 and decays(n)]
     return normalized, decayed
 
 
 def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerConfig,
                      decay: Mapping[str, bool | None] | None = None, *,
+                     default_decay: Mapping[str, bool] | None = None,
                      limits: DeviceLimits | None = None, loss: int | None = None,
                      arena: bool = False) -> OptimizerPlan:
     """Append `config`'s update of every param in `grads` ({param name: grad node id}) to
-    `graph`, in `grads` order. `decay` holds per-param decay flags (None: no flag, the filter
-    decides). `limits` (default: WebGPU's defaults) decides whether Adam's m and v share one
+    `graph`, in `grads` order. `decay` holds the decay flags params were declared with
+    (None: none given: a ``decay_filter`` other than True decides, else `default_decay`,
+    each param's flag by its init, default True). `limits` (default: WebGPU's defaults) decides whether Adam's m and v share one
     ``[2, *shape]`` state (two kernels per param instead of three): they do when it fits one
     binding. With `loss` (its node id) the update is guarded: when the loss, a gradient or
     any new param or state value the update would write is not finite (each update is tried
@@ -428,7 +438,7 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
     names = list(grads)
     if not names:
         return OptimizerPlan(config, (), ())
-    normalized, decayed = _choices(config, names, decay)
+    normalized, decayed = _choices(config, names, decay, default_decay or {})
     limits = limits or DeviceLimits()
     layout, arena_size = None, 0
     with tracing(graph, capture=False):

@@ -537,6 +537,27 @@ def test_set_lr_schedule_rebases_to_next_step(gpu_device) -> None:
     run(go())
 
 
+def test_a_reset_restarts_a_schedule_given_to_set_lr(gpu_device) -> None:
+    """reset() and reset_optimizer_state() restart the step count, and a schedule given to
+    set_lr restarts with it, as a schedule given at compile does (it used to stay at its
+    first value until the count passed the step set_lr was called at)."""
+    async def go() -> None:
+        train = await compile_tiny(gpu_device, optimizer=tg.optim.SGD(lr=0.2))
+        d = data(3)
+        for _ in range(4):
+            await train.step(**d)
+        await train.set_lr(tg.lr.linear(peak=0.1, final=0.0, steps=4))
+        assert math.isclose(await _sgd_lr_used(train, d), 0.075, rel_tol=1e-3)
+        for reset in (train.reset_optimizer_state, train.reset):
+            await reset()
+            assert train.step_count == 0
+            used = [await _sgd_lr_used(train, d) for _ in range(4)]
+            assert used == pytest.approx([0.075, 0.05, 0.025, 0.0], abs=1e-4), used
+        train.destroy()
+
+    run(go())
+
+
 def test_adamw_decay_follows_set_lr(gpu_device) -> None:
     """Upstream baked ``1 - lr*wd`` into the kernel for a numeric LR, so set_lr changed the
     Adam step but not the decay. Here the trajectory must follow the new LR in both."""

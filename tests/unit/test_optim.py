@@ -831,3 +831,37 @@ def test_a_config_without_its_update_cannot_be_made() -> None:
             NoUpdate(0.1)
     finally:
         CONFIGS.pop("test_no_update", None)
+
+
+class _Decays(tg.Module):
+    def __init__(self) -> None:
+        self.l1 = tg.Linear(2, 3)
+        self.l2 = tg.Linear(3, 1)
+        self.kept = tg.Linear(3, 3, decay=False)    # flags given: they win over any filter
+        self.forced = self.param((3,), init=tg.init.zeros(), decay=True)
+
+
+def _decayed(optimizer: optim.OptimizerConfig) -> list[str]:
+    from tensorgrad.compiler import Options, Request, compile_graph
+
+    def loss(m: _Decays, x: tg.Tensor) -> tg.Tensor:
+        return tg.mean(m.l2(m.kept(tg.relu(m.l1(x))) + m.forced))
+
+    c = compile_graph(Request("training", _Decays(), loss, {"x": (4, 2)}, optimizer=optimizer,
+                              seed=0), Options(), until="optimizer")
+    return sorted(c.optimizer.decayed)
+
+
+@pytest.mark.parametrize("make", [
+    lambda f: optim.AdamW(lr=1e-3, weight_decay=0.1, decay_filter=f),
+    lambda f: optim.SGD(lr=1e-3, weight_decay=0.1, decay_filter=f)], ids=["adamw", "sgd"])
+def test_decay_filter_decides_for_the_params_declared_without_a_flag(make) -> None:
+    """Module params without a decay flag follow decay_filter (they all carried their init's
+    default flag, so a filter was silently ignored); flags given at declaration win."""
+    flagged = ["forced"]   # decay=True given; kept.* have decay=False given
+    assert _decayed(make(True)) == sorted(["l1.W", "l2.W", *flagged])   # by init: weights
+    assert _decayed(make(False)) == flagged
+    assert _decayed(make("l2.*")) == sorted(["l2.W", "l2.b", *flagged])
+    # Linear's decay= flags its W only: kept.b has no flag, so the filter decides for it
+    assert _decayed(make("*.b")) == sorted(["l1.b", "l2.b", "kept.b", *flagged])
+    assert _decayed(make(lambda name: name == "l1.W")) == sorted(["l1.W", *flagged])
