@@ -6,6 +6,7 @@ store of its own, made by the compiler's store stage.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,7 @@ class Forward(Handle):
         self._own_store = store
         self._own_model = model
         self._cache: OrderedDict[str, _Cached] = OrderedDict()
+        self._cache_lock = threading.RLock()  # the cache and its compiles, from any thread
 
     def _live_store(self) -> ParamStore:
         store = self._owner._live_store() if self._owner else self._own_store
@@ -121,6 +123,10 @@ class Forward(Handle):
     def _executable(self, shapes: Shapes) -> Executable:
         """The cached executable of `shapes` bound to the live param store, else a new one.
         AbortError when the model is replaced or the handle destroyed while it compiles."""
+        with self._cache_lock:
+            return self._cached_or_compiled(shapes)
+
+    def _cached_or_compiled(self, shapes: Shapes) -> Executable:
         typed: Typed = {n: (s, self._dtypes[n]) for n, s in shapes.items()}
         key = "|".join(f"{n}:{'x'.join(map(str, s))}:{d}" for n, (s, d) in sorted(typed.items()))
         store = self._live_store()
@@ -142,6 +148,7 @@ class Forward(Handle):
         self._cache[key] = (exe, typed, store)
         while len(self._cache) > self._max_cached:
             _, (old, _, _) = self._cache.popitem(last=False)
+            old.evicted = True
             old.destroy()
         return exe
 
@@ -157,11 +164,21 @@ class Forward(Handle):
         return self._call("run", inputs, self._run)
 
     async def _run(self, shapes: Shapes, data: dict[str, bytes]) -> Result:
-        exe = self._executable(shapes)
-        feeds = dict(data)
-        self._feed_seed(exe, feeds)
-        out, caps, _ = await exe.run(feeds)
-        return Completed(output=out, captures=Captures(caps))
+        while True:
+            exe = self._executable(shapes)
+            feeds, prng = dict(data), self._prng_counter
+            self._feed_seed(exe, feeds)
+            try:
+                out, caps, _ = await exe.run(feeds)
+            except AbortError:
+                # evicted before it ran by a shape another thread compiled (output_shape,
+                # graph_for): compiled again, its PRNG draw not counted twice; a forward
+                # replaced or destroyed is Aborted
+                if exe.evicted and not self._destroyed:
+                    self._prng_counter = prng
+                    continue
+                raise
+            return Completed(output=out, captures=Captures(caps))
 
     def output_shape(self, **inputs: InputData) -> tuple[int, ...]:
         """The output's shape for these inputs (compiling for their shapes if needed)."""
@@ -178,6 +195,8 @@ class Forward(Handle):
         if self._own_store is not None:
             self._own_store.destroy()
             self._own_store = None
+        if self._owner is not None:
+            self._owner._detach(self)  # (a training attaching and destroying many holds none)
 
 
 def check_output(output: object) -> None:

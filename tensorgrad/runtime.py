@@ -126,8 +126,16 @@ class ParamStore:
 
     def write(self, data: Mapping[str, bytes]) -> None:
         """Write what :meth:`check` gave."""
-        for name, view in data.items():
-            self.device.write_buffer(self.buffers[name], view)
+        with self.device.in_use():
+            self._check_alive()
+            for name, view in data.items():
+                self.device.write_buffer(self.buffers[name], view)
+
+    def _check_alive(self) -> None:
+        """AbortError once destroyed (checked inside ``device.in_use()``: a destroy from
+        another thread then waits for the write or read to be done with the buffers)."""
+        if self.names and not self.buffers:
+            raise AbortError("graph destroyed")
 
     def upload(self, params: Mapping[str, HostData], partial: bool = False) -> None:
         """Write {name: array}; strict unless `partial`. Everything is checked first."""
@@ -135,8 +143,10 @@ class ParamStore:
 
     async def download(self) -> dict[str, HostArray]:
         names = self.names
-        data = await self.device.read_buffers(
-            [(self.buffers[n], max(4, 4 * self.specs[n].size)) for n in names])
+        with self.device.in_use():
+            self._check_alive()
+            data = await self.device.read_buffers(
+                [(self.buffers[n], max(4, 4 * self.specs[n].size)) for n in names])
         return {n: from_bytes(d, self.specs[n].shape, self.specs[n].dtype)
                 for n, d in zip(names, data)}
 
@@ -194,6 +204,7 @@ class Executable:
     # come one at a time; this also orders direct use of the executable).
     lock: CallQueue = field(default_factory=CallQueue)
     destroyed: bool = False
+    evicted: bool = False  # destroyed by a forward's shape cache (the shape may come back)
     # {i32 input name: what its values may hold} (the compiler's input_index_bounds)
     index_bounds: Mapping[str, tuple[IndexBound, ...]] = field(default_factory=dict)
     inputs: dict[str, Node] = field(default_factory=dict)  # input name -> node, cached
@@ -280,11 +291,12 @@ class Executable:
         writes = self._writes(feeds, states)
         reads, captures = self._reads(read_captures)
         async with self.lock:
-            if self.destroyed:
-                raise AbortError("graph destroyed")
-            if self.upgrading is not None and self.upgrading[1].ready():
-                self._swap_in_upgrade()
-            readback = await self.device.submit(self.program, writes, reads)
+            with self.device.in_use():  # (destroyed checked inside: its buffers stay valid)
+                if self.destroyed:
+                    raise AbortError("graph destroyed")
+                if self.upgrading is not None and self.upgrading[1].ready():
+                    self._swap_in_upgrade()
+                readback = await self.device.submit(self.program, writes, reads)
             if self.upgrade is not None and not self.destroyed:
                 self._start_upgrade()
         return self._unpack(readback, captures)
@@ -401,7 +413,10 @@ class Executable:
     async def read(self, node_ids: list[int]) -> list[HostArray]:
         reads = [(self.buffer_of(i), self.graph[i].buffer_bytes) for i in node_ids]
         async with self.lock:
-            data = await self.device.read_buffers(reads)
+            with self.device.in_use():
+                if self.destroyed:
+                    raise AbortError("graph destroyed")
+                data = await self.device.read_buffers(reads)
         return [from_bytes(d, self.graph[i].shape, self.graph[i].dtype)
                 for i, d in zip(node_ids, data)]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,14 +25,20 @@ class TraceState:
     names: set[str] = field(default_factory=set)
 
 
-_state: TraceState | None = None
+class _Trace(threading.local):
+    """The trace in progress in this thread (each thread traces on its own: forwards run
+    from several threads each trace their new shapes)."""
+
+    state: TraceState | None = None
+
+
+_trace = _Trace()
 
 
 @contextmanager
 def tracing(graph: Graph | None = None, capture: bool = True) -> Iterator[TraceState]:
-    """Record ops into `graph` (a fresh one by default). Traces do not nest."""
-    global _state
-    if _state is not None:
+    """Record ops into `graph` (a fresh one by default). Traces do not nest (in a thread)."""
+    if _trace.state is not None:
         raise TraceError("a trace is already in progress; traces do not nest")
     g = graph if graph is not None else Graph()
     state = TraceState(g, capture_enabled=capture)
@@ -41,24 +48,25 @@ def tracing(graph: Graph | None = None, capture: bool = True) -> Iterator[TraceS
         state.seed = Tensor(g, seeds[0].id)
     state.stochastic_count = sum(1 for n in g.nodes if n.attrs.get("salt") is not None
                                  and n.op in ("dropout", "randn", "categorical_last"))
-    _state = state
+    _trace.state = state
     try:
         yield state
     finally:
-        _state = None
+        _trace.state = None
 
 
 def current_trace(op: str = "") -> TraceState:
     """The trace in progress; raises TraceError naming `op` when there is none."""
-    if _state is None:
+    state = _trace.state
+    if state is None:
         what = f"'{op}'" if op else "an op"
         raise TraceError(f"{what} was called outside a trace: tensorgrad ops only run while "
                          "tg.compile / tg.trace traces your loss or forward function")
-    return _state
+    return state
 
 
 def is_tracing() -> bool:
-    return _state is not None
+    return _trace.state is not None
 
 
 def leaf(op: str, name: str, shape: Sequence[int], dtype: DType = "f32", **attrs: Any) -> Tensor:

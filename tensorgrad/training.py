@@ -549,13 +549,18 @@ class Training(Handle):
         self._children.append(child)
         return child
 
+    def _detach(self, child: Forward) -> None:
+        """Forget an attached forward that was destroyed."""
+        if child in self._children:
+            self._children.remove(child)
+
     def destroy(self) -> None:
         """Free every GPU resource; pending and later calls return Aborted."""
         if self._destroyed:
             return
         self._destroyed = True
         self._generation += 1
-        for child in self._children:
+        for child in list(self._children):  # (each one detaches itself)
             child.destroy()
         self._drop_graph()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..init import default_fan_in
 from .classes import Group
 from .tree import Container, Info, Param
 
@@ -31,6 +32,15 @@ def _ctor(info: Info) -> str:
     args = ", ".join(f"{a}={info.config[a]!r}" for a in ctor_attrs(info.group))
     return f"{info.group.name}({args})"
 
+
+
+def _fan_in(ref: str, spec: Any) -> str:
+    """A Python expression of the kaiming fan-in of param `ref`: from its shape where the
+    fan-in is the default for it (``init.default_fan_in``), else the number given."""
+    shape = tuple(spec.shape)
+    if spec.fan_in == default_fan_in(shape) and shape:
+        return f"{ref}.shape[0]" if len(shape) <= 2 else f"math.prod({ref}.shape[1:])"
+    return str(spec.fan_in)
 
 class _Slots:
     """Hands out a class's slots in order: the chosen attribute's name, else the literal."""
@@ -79,9 +89,10 @@ class ClassWriter:
         for key, p in rep.params:
             spec = self.specs[p.name]
             dims = [slot(d) for d in spec.shape]
-            fan = slot(spec.fan_in) if spec.init.kind == "kaiming" else None
+            if spec.init.kind == "kaiming":
+                slot(spec.fan_in)  # (its slot, in the order classes.py hands them out)
             lines.append(f"        self.{key} = {self._param_ctor(spec, dims)}")
-            inits.append(self._init_line(f"self.{key}", spec, fan))
+            inits.append(self._init_line(f"self.{key}", spec))
         for key, c in rep.children:
             lines.append(f"        self.{key} = {self._child_ctor(c, slot, inits, key)}")
         return lines
@@ -119,7 +130,7 @@ class ClassWriter:
         """A param held in a ParameterList/Dict: its constructor; its init goes to `inits`."""
         spec = self.specs[x.name]
         text = self._param_ctor(spec, [slot(d) for d in spec.shape])
-        inits.append(self._init_line(ref, spec, None))
+        inits.append(self._init_line(ref, spec))
         return text
 
     def _param_ctor(self, spec: Any, dims: list[str]) -> str:
@@ -128,7 +139,9 @@ class ClassWriter:
             return f"nn.Parameter(torch.empty({shape}))"
         return f"nn.Parameter(torch.empty({shape}, dtype=torch.int32), requires_grad=False)"
 
-    def _init_line(self, ref: str, spec: Any, fan: str | None) -> str:
+    def _init_line(self, ref: str, spec: Any) -> str:
+        """The line of ``reset_parameters`` that initialises `ref` (it runs outside
+        ``__init__``, so a kaiming fan-in is read off the param's own shape)."""
         init = spec.init
         if init.kind == "zeros":
             return f"nn.init.zeros_({ref})"
@@ -138,7 +151,7 @@ class ClassWriter:
             return f"nn.init.normal_({ref}, std={init.scale!r})"
         if init.kind == "kaiming":
             self.uses_math = True
-            return f"nn.init.normal_({ref}, std={init.gain!r} / math.sqrt({fan}))"
+            return f"nn.init.normal_({ref}, std={init.gain!r} / math.sqrt({_fan_in(ref, spec)}))"
         if init.kind == "literal":
             values = list(init.values)
             dims = ", ".join(str(d) for d in spec.shape) or "()"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
@@ -122,6 +123,12 @@ class BrowserDevice:
         self.submits_now = True
 
     # -- FFI, counted ------------------------------------------------------------------------
+    def in_use(self) -> AbstractContextManager[None]:
+        """See :meth:`GPUDevice.in_use`: nothing to hold here (one thread, and a browser
+        fails a submission that uses a destroyed buffer through its error scope, as that
+        step's error, where wgpu-native aborts the process)."""
+        return nullcontext()
+
     def _call(self, name: str, *args: Any) -> Any:
         self.ffi_calls += 1
         return self._fns[name](self._state, *args)

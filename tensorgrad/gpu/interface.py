@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NewType, Protocol, TypeVar
 
@@ -229,7 +230,15 @@ class GPUDevice(Protocol):
         """Copy host bytes (any buffer-protocol object) into `buffer` at `offset`."""
         ...
 
-    def destroy_buffer(self, buffer: BufferHandle) -> None: ...
+    def destroy_buffer(self, buffer: BufferHandle) -> None:
+        """Free `buffer`; inside :meth:`in_use` (any thread) only once the last user left."""
+        ...
+
+    def in_use(self) -> AbstractContextManager[None]:
+        """While inside, no buffer is freed (a destroy waits for the last user to leave): a
+        submission checks that its graph is alive inside, then submits with buffers that
+        stay valid, whatever another thread or a task between two of its chunks destroys."""
+        ...
 
     def create_kernel(self, wgsl: str, label: str) -> KernelHandle:
         """Compile `wgsl` (entry point `main`, bind group 0, layout 'auto') into a compute

@@ -13,6 +13,7 @@ import re
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -29,6 +30,7 @@ from .interface import (
     ReadyKernels,
     split_slice,
 )
+from .lifetimes import DeferredFrees
 from .native_program import (
     NativeKernel,
     NativeProgram,
@@ -157,6 +159,7 @@ class NativeDevice:
         self._map_read = wgpu.MapMode.READ
         self._staging: list[Any] = []  # free readback buffers, most recently used last
         self._staging_lock = threading.Lock()
+        self._frees = DeferredFrees()  # (see in_use)
         self._destroyed = False
         self._lost_reason: str | None = None
         self.counts: Counter[str] = Counter()
@@ -305,8 +308,16 @@ class NativeDevice:
             self.queue.write_buffer(wgpu_buffer(handle), offset, m)
 
     def destroy_buffer(self, buffer: BufferHandle) -> None:
-        self._destroy_quietly(wgpu_buffer(buffer))
+        handle = wgpu_buffer(buffer)
         self._count("buffers destroyed")
+        if not self._frees.later(lambda: self._destroy_quietly(handle)):
+            self._destroy_quietly(handle)
+
+    def in_use(self) -> AbstractContextManager[None]:
+        """See :meth:`GPUDevice.in_use` and :mod:`tensorgrad.gpu.lifetimes`: buffers and
+        programs destroyed while a step is submitted or in flight (by another thread, or by
+        a task that ran while the step waited) are freed when the last user is done."""
+        return self._frees.in_use()
 
     def _destroy_staging(self, buffer: Any) -> None:
         self._destroy_quietly(buffer)
@@ -377,13 +388,16 @@ class NativeDevice:
         return ProgramHandle(program)
 
     def destroy_program(self, program: ProgramHandle) -> None:
-        """Drop a program's chunks and bind groups (a run in flight keeps what it holds)."""
+        """Drop a program's chunks and bind groups (a run in flight keeps what it holds;
+        inside :meth:`in_use`, once the last user is done: a submission that had not yet
+        taken the chunks would run nothing and read back zeros)."""
         native = cast(NativeProgram, program)
         if native.released:
             return
         native.released = True
-        native.chunks = []
         self._count("programs destroyed")
+        if not self._frees.later(lambda: setattr(native, "chunks", [])):
+            native.chunks = []
 
     def _bind_group(self, kernel: NativeKernel, buffers: Sequence[Binding], label: str) -> Any:
         try:
@@ -482,24 +496,29 @@ class NativeDevice:
         Before chunk i is submitted, chunk i - 2 must be done, so only chunks 0..n-3 carry a
         completion token: a two-chunk step waits for nothing but its read maps, and the wait
         for chunk i - 2 overlaps the GPU running chunk i - 1."""
-        for buffer, data in writes:
-            self.write_buffer(buffer, data)
-        planned, nbytes = self._plan_reads(reads)
-        chunks = cast(NativeProgram, program).chunks
-        last = len(chunks) - 1
-        if last < 0:
-            self.queue.submit([self._encode([], planned)])
-        pending: deque[tuple[Any, Any]] = deque()
-        for i, ops in enumerate(chunks):
-            if i >= 2:
-                await self._wait(*pending.popleft())  # chunk i - 2
-            token = i <= last - 2 or (i == last and not planned)
-            fence = self._take_fence() if token and self.wait_mode == "fence" else None
-            command_buffer = self._encode(ops, planned if i == last else (), fence)
-            if token:
-                pending.append((self._submit(command_buffer, fence), fence))
-            else:
-                self.queue.submit([command_buffer])
+        self._frees.hold()  # (until the readback is in: see in_use)
+        try:
+            for buffer, data in writes:
+                self.write_buffer(buffer, data)
+            planned, nbytes = self._plan_reads(reads)
+            chunks = cast(NativeProgram, program).chunks
+            last = len(chunks) - 1
+            if last < 0:
+                self.queue.submit([self._encode([], planned)])
+            pending: deque[tuple[Any, Any]] = deque()
+            for i, ops in enumerate(chunks):
+                if i >= 2:
+                    await self._wait(*pending.popleft())  # chunk i - 2
+                token = i <= last - 2 or (i == last and not planned)
+                fence = self._take_fence() if token and self.wait_mode == "fence" else None
+                command_buffer = self._encode(ops, planned if i == last else (), fence)
+                if token:
+                    pending.append((self._submit(command_buffer, fence), fence))
+                else:
+                    self.queue.submit([command_buffer])
+        except BaseException:
+            self._frees.let_go()
+            raise
         return self._readback(pending, planned, nbytes)
 
     submits_now = False  # (see submit_now)
@@ -514,9 +533,10 @@ class NativeDevice:
                         planned: list[tuple[Any, int, int, Any]],
                         nbytes: list[int]) -> list[memoryview]:
         """The rest of a submitted step: its remaining waits, then its reads mapped (the
-        device loss check of :func:`_loss_checked` inline: one coroutine less a step)."""
-        self._raise_if_lost()
+        device loss check of :func:`_loss_checked` inline: one coroutine less a step). It
+        lets go of the device's buffers that :meth:`submit` held."""
         try:
+            self._raise_if_lost()
             while pending:
                 await self._wait(*pending.popleft())
             if not planned:
@@ -527,15 +547,18 @@ class NativeDevice:
         except Exception as err:
             self._note_loss(err)
             raise
+        finally:
+            self._frees.let_go()
 
     @_loss_checked
     async def read_buffers(self, reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
         """Read `(buffer, nbytes)` pairs back (one submission, one map each)."""
-        planned, nbytes = self._plan_reads(reads)
-        if not planned:
-            return []
-        self.queue.submit([self._encode([], planned)])
-        return await self._map_and_read(planned, nbytes)
+        with self.in_use():
+            planned, nbytes = self._plan_reads(reads)
+            if not planned:
+                return []
+            self.queue.submit([self._encode([], planned)])
+            return await self._map_and_read(planned, nbytes)
 
     def destroy(self) -> None:
         if self._destroyed:

@@ -35,6 +35,25 @@ from tests.native.api_helpers import (
 
 # ---- attached forwards ---------------------------------------------------------------------
 
+def test_a_destroyed_attached_forward_is_let_go(gpu_device) -> None:
+    """A training that attaches and destroys forwards (one per UI interaction, say) holds
+    none of them afterwards (it kept every one: host memory grew with each); destroying the
+    training destroys those still attached."""
+    async def go() -> None:
+        train = await compile_tiny(gpu_device)
+        x = data(5, batch=3)["x"]
+        for _ in range(5):
+            fwd = await train.attach(forward=predict, inputs={"x": (None, 2)})
+            assert (await fwd.run(x=x)).kind == "completed"
+            fwd.destroy()
+        kept = await train.attach(forward=predict, inputs={"x": (None, 2)})
+        assert repr(train).endswith(" 1 attached forward>"), repr(train)
+        train.destroy()
+        assert (await kept.run(x=x)).kind == "aborted"
+
+    run(go())
+
+
 def test_attach_shares_params_with_training(gpu_device) -> None:
     async def go() -> None:
         train = await compile_tiny(gpu_device)

@@ -93,3 +93,28 @@ def test_handles_of_one_device_in_parallel_threads(gpu_device) -> None:
     alone = [run(train_one(seed)) for seed in range(THREADS)]
     together = in_threads(lambda k: asyncio.run(train_one(k)), THREADS)
     assert together == alone
+
+
+def test_destroys_and_evictions_while_a_call_is_submitted_neither_crash_nor_misread(
+        gpu_device) -> None:
+    """A training destroyed from another thread while it steps, one destroyed while a step
+    waits between two of its chunks, and a forward's shape evicted by another thread's new
+    shape while it runs: the calls end Aborted or give the right output. wgpu-native aborts
+    the whole process on a submission that uses a destroyed buffer (so the scenarios run in
+    a child process), and a program dropped before a submission took its chunks ran nothing
+    and read back zeros."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("destroy_while_busy.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "ok", out[-3000:]
+    assert any(line.startswith("destroy from a thread: ") and "aborted" in line
+               for line in lines), out
+    assert "destroy between chunks: aborted" in lines, out
+    assert any(line.startswith("evict from a thread: ") for line in lines), out

@@ -197,6 +197,29 @@ def test_cnn_forward_and_grads_match(tmp_path: Path) -> None:
     assert "F.conv2d(" in src and "F.max_pool2d(" in src and ".log_softmax(-1)" in src
 
 
+class KaimingNet(tg.Module):
+    """Kaiming-initialised params: a Linear's W (fan-in from its shape) and a listed param
+    with its own fan_in."""
+
+    def __init__(self) -> None:
+        self.lin = tg.Linear(4, 8, init=tg.init.kaiming())
+        self.ws = [self.param((8, 3), init=tg.init.kaiming(), fan_in=5)]
+
+    def forward(self, x: tg.Tensor) -> tg.Tensor:
+        return tg.relu(self.lin(x)) @ self.ws[0]
+
+
+def test_kaiming_params_export_to_a_module_that_builds(tmp_path: Path) -> None:
+    """reset_parameters runs outside __init__, so its kaiming fan-in cannot name a
+    constructor argument (it did: NameError building the module) or a missing one
+    (math.sqrt(None) for a listed param)."""
+    x = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
+    check_model("kaiming", KaimingNet(), KaimingNet.forward, {"x": (None, 4)}, {"x": x}, 3,
+                tmp_path)
+    src = (tmp_path / "kaiming_torch.py").read_text()
+    assert "math.sqrt(self.W.shape[0])" in src and "math.sqrt(5)" in src, src
+
+
 class PaddedTagger(tg.Module):
     """Per-token classes scored with cross_entropy: targets -100 (padding) are ignored."""
 
