@@ -315,8 +315,10 @@ class NativeDevice:
 
     def in_use(self) -> AbstractContextManager[None]:
         """See :meth:`GPUDevice.in_use` and :mod:`tensorgrad.gpu.lifetimes`: buffers and
-        programs destroyed while a step is submitted or in flight (by another thread, or by
-        a task that ran while the step waited) are freed when the last user is done."""
+        programs destroyed while a step is being submitted (by another thread, or by a task
+        that ran while the step waited between chunks) are freed when the last user is done.
+        Work already submitted keeps what it uses (wgpu frees a destroyed buffer once the
+        submissions using it are done)."""
         return self._frees.in_use()
 
     def _destroy_staging(self, buffer: Any) -> None:
@@ -496,8 +498,7 @@ class NativeDevice:
         Before chunk i is submitted, chunk i - 2 must be done, so only chunks 0..n-3 carry a
         completion token: a two-chunk step waits for nothing but its read maps, and the wait
         for chunk i - 2 overlaps the GPU running chunk i - 1."""
-        self._frees.hold()  # (until the readback is in: see in_use)
-        try:
+        with self._frees.in_use():  # (see in_use)
             for buffer, data in writes:
                 self.write_buffer(buffer, data)
             planned, nbytes = self._plan_reads(reads)
@@ -516,9 +517,6 @@ class NativeDevice:
                     pending.append((self._submit(command_buffer, fence), fence))
                 else:
                     self.queue.submit([command_buffer])
-        except BaseException:
-            self._frees.let_go()
-            raise
         return self._readback(pending, planned, nbytes)
 
     submits_now = False  # (see submit_now)
@@ -533,10 +531,9 @@ class NativeDevice:
                         planned: list[tuple[Any, int, int, Any]],
                         nbytes: list[int]) -> list[memoryview]:
         """The rest of a submitted step: its remaining waits, then its reads mapped (the
-        device loss check of :func:`_loss_checked` inline: one coroutine less a step). It
-        lets go of the device's buffers that :meth:`submit` held."""
+        device loss check of :func:`_loss_checked` inline: one coroutine less a step)."""
+        self._raise_if_lost()
         try:
-            self._raise_if_lost()
             while pending:
                 await self._wait(*pending.popleft())
             if not planned:
@@ -547,8 +544,6 @@ class NativeDevice:
         except Exception as err:
             self._note_loss(err)
             raise
-        finally:
-            self._frees.let_go()
 
     @_loss_checked
     async def read_buffers(self, reads: Sequence[tuple[Binding, int]]) -> list[memoryview]:
