@@ -82,8 +82,9 @@ class Module:
 
         init: an init spec (default `init.randn(0.02)`); decay: weight decay flag (default:
         on unless init is zeros/ones, and an optimizer's `decay_filter` other than True
-        decides instead; a flag given here wins over the filter); fan_in: for `init.kaiming` (default
-        `init.default_fan_in(shape)`: `shape[0]` up to rank 2, `prod(shape[1:])` above)."""
+        decides instead; a flag given here wins over the filter); fan_in: for
+        `init.kaiming` (default `init.default_fan_in(shape)`: `shape[0]` up to rank 2,
+        `prod(shape[1:])` above)."""
         where = type(self).__name__
         if is_tracing():
             site = user_call_site()

@@ -208,10 +208,11 @@ class Training(Handle):
         Cancellation (``task.cancel()``, ``asyncio.wait_for`` timing out, ``asyncio.run``
         ending): a call cancelled while it still waits for its turn behind other calls never
         runs, nor does one whose task is cancelled before it first ran (``create_task`` then
-        ``cancel()``, a ``TaskGroup`` failing at once). A call that has started runs to its end whether or not anything still awaits
-        it: a step that reached the GPU is applied whole and counted (step counter, PRNG
-        counter, LR schedule position), as are uploads and resets; the cancelled awaiter
-        gets ``CancelledError`` at once, and the calls made after it run after it."""
+        ``cancel()``, a ``TaskGroup`` failing at once). A call that has started runs to its
+        end whether or not anything still awaits it: a step that reached the GPU is applied
+        whole and counted (step counter, PRNG counter, LR schedule position), as are uploads
+        and resets; the cancelled awaiter gets ``CancelledError`` at once, and the calls
+        made after it run after it."""
         return self._call_staged("step", inputs, self._step)
 
     # A step gives its turn up once submitted (the queue's staged call): the next step's

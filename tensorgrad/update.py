@@ -420,12 +420,13 @@ def append_optimizer(graph: Graph, grads: Mapping[str, int], config: OptimizerCo
     """Append `config`'s update of every param in `grads` ({param name: grad node id}) to
     `graph`, in `grads` order. `decay` holds the decay flags params were declared with
     (None: none given: a ``decay_filter`` other than True decides, else `default_decay`,
-    each param's flag by its init, default True). `limits` (default: WebGPU's defaults) decides whether Adam's m and v share one
-    ``[2, *shape]`` state (two kernels per param instead of three): they do when it fits one
-    binding. With `loss` (its node id) the update is guarded: when the loss, a gradient or
-    any new param or state value the update would write is not finite (each update is tried
-    first by an ``update_partials`` node), every update op writes its old value back, and
-    the plan's `status` node (1.0 applied, 0.0 skipped) says so. With `arena` (and no
+    each param's flag by its init, default True). `limits` (default: WebGPU's defaults)
+    decides whether Adam's m and v share one ``[2, *shape]`` state (two kernels per param
+    instead of three): they do when it fits one binding. With `loss` (its node id) the
+    update is guarded: when the loss, a gradient or any new param or state value the update
+    would write is not finite (each update is tried first by an ``update_partials`` node),
+    every update op writes its old value back, and the plan's `status` node (1.0 applied,
+    0.0 skipped) says so. With `arena` (and no
     `normalize_grads`, which needs each param's own norm) the params and gradients are packed
     into arenas, decayed params first, and a handful of kernels update them all; the plan's
     `layout` says where each param lies (the param store lays its buffer out the same
