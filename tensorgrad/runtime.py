@@ -9,7 +9,8 @@ attached to it bind, so they share weights without copies.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,17 @@ if TYPE_CHECKING:
 
 Ran = tuple["HostArray", dict[str, "HostArray"], bool]
 """What a run gives: the output, {capture name: array}, whether the step guard applied it."""
+
+
+@contextmanager
+def alive_in_use(owner: ParamStore | Executable) -> Iterator[None]:
+    """``owner.device.in_use()`` once `owner` is checked alive inside it (AbortError once
+    destroyed): a destroy from another thread, or from a task while the work awaits, then
+    waits for the work to be done with the buffers."""
+    with owner.device.in_use():
+        if owner.destroyed:
+            raise AbortError("graph destroyed")
+        yield
 
 
 class ParamStore:
@@ -126,16 +138,14 @@ class ParamStore:
 
     def write(self, data: Mapping[str, bytes]) -> None:
         """Write what :meth:`check` gave."""
-        with self.device.in_use():
-            self._check_alive()
+        with alive_in_use(self):
             for name, view in data.items():
                 self.device.write_buffer(self.buffers[name], view)
 
-    def _check_alive(self) -> None:
-        """AbortError once destroyed (checked inside ``device.in_use()``: a destroy from
-        another thread then waits for the write or read to be done with the buffers)."""
-        if self.names and not self.buffers:
-            raise AbortError("graph destroyed")
+    @property
+    def destroyed(self) -> bool:
+        """Whether :meth:`destroy` freed its buffers."""
+        return bool(self.names) and not self.buffers
 
     def upload(self, params: Mapping[str, HostData], partial: bool = False) -> None:
         """Write {name: array}; strict unless `partial`. Everything is checked first."""
@@ -143,8 +153,7 @@ class ParamStore:
 
     async def download(self) -> dict[str, HostArray]:
         names = self.names
-        with self.device.in_use():
-            self._check_alive()
+        with alive_in_use(self):
             data = await self.device.read_buffers(
                 [(self.buffers[n], max(4, 4 * self.specs[n].size)) for n in names])
         return {n: from_bytes(d, self.specs[n].shape, self.specs[n].dtype)
@@ -291,9 +300,7 @@ class Executable:
         writes = self._writes(feeds, states)
         reads, captures = self._reads(read_captures)
         async with self.lock:
-            with self.device.in_use():  # (destroyed checked inside: its buffers stay valid)
-                if self.destroyed:
-                    raise AbortError("graph destroyed")
+            with alive_in_use(self):
                 if self.upgrading is not None and self.upgrading[1].ready():
                     self._swap_in_upgrade()
                 readback = await self.device.submit(self.program, writes, reads)
@@ -413,9 +420,7 @@ class Executable:
     async def read(self, node_ids: list[int]) -> list[HostArray]:
         reads = [(self.buffer_of(i), self.graph[i].buffer_bytes) for i in node_ids]
         async with self.lock:
-            with self.device.in_use():
-                if self.destroyed:
-                    raise AbortError("graph destroyed")
+            with alive_in_use(self):
                 data = await self.device.read_buffers(reads)
         return [from_bytes(d, self.graph[i].shape, self.graph[i].dtype)
                 for i, d in zip(node_ids, data)]

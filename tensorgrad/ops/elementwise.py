@@ -59,10 +59,6 @@ NAN_WGSL = """fn nan_if(x: f32, bad: bool) -> f32 {
   return select(x, bitcast<f32>(0x7fc00000u | u32(bad)), bad);
 }"""
 
-# max(NaN, 0) is 0 on some drivers: a NaN must stay NaN (as in NumPy and PyTorch), or a bad
-# input would vanish silently in the forward (relu, maximum, minimum: w.IS_NAN_WGSL).
-IS_NAN_WGSL = w.IS_NAN_WGSL
-
 # WGSL's builtin tanh loses all relative accuracy near 0 on some drivers (lavapipe gives
 # tanh(1e-12) = 3e-8), which wrecks gradients of deep tanh nets at small init. Odd Taylor
 # series below 0.1 (error < 3e-10 relative), a cancellation-free exp form above.
@@ -223,7 +219,7 @@ def _minmax_expr(fn: str) -> Callable[[Node], str]:
 def _minmax(name: str, fn: str, compare: Callable[[Tensor, Tensor], Tensor]) -> None:
     define(name, infer=_binary_infer(name, ("f32", "i32")),
            ref=lambda args, node: getattr(_np(), name)(args[0], args[1]),
-           vjp=_minmax_vjp(compare), expr=_minmax_expr(fn), prelude=IS_NAN_WGSL,
+           vjp=_minmax_vjp(compare), expr=_minmax_expr(fn), prelude=w.IS_NAN_WGSL,
            torch=_torch_minmax, doc=f"elementwise {fn}(a, b) with broadcasting (NaN wins)")
 
 
@@ -442,9 +438,10 @@ sin = _unary("sin", lambda x: _np().sin(x), "sin(a0)",
 cos: Callable[[Tensor], Tensor] = _unary("cos", lambda x: _np().cos(x), "cos(a0)",
              lambda i, c, dy, at: [mul(dy, neg(sin(i[0])))], "Cosine",
              torch=tx.function("torch.cos"))
+# max(NaN, 0) is 0 on some drivers: relu keeps a NaN (as NumPy and PyTorch), as maximum does
 relu = _unary("relu", lambda x: _np().maximum(x, 0), "select(max(a0, 0.0f), a0, is_nan(a0))",
               lambda i, c, dy, at: [record("relu_grad", [c, dy])], "max(x, 0)",
-              prelude=IS_NAN_WGSL,
+              prelude=w.IS_NAN_WGSL,
               torch=tx.function("torch.relu"))
 
 
